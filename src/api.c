@@ -1,0 +1,270 @@
+/*
+ * api.c -- status strings, dtypes, the expert-parallel group and its communication buffers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "internal.h"
+
+/* ---- Messages ---------------------------------------------------------------------------------- */
+
+void mm_set_errorv(char *dst, const char *fmt, va_list ap) {
+    vsnprintf(dst, MM_ERR_LEN, fmt, ap);
+}
+
+void mm_set_error(char *dst, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    mm_set_errorv(dst, fmt, ap);
+    va_end(ap);
+}
+
+int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+
+const char *megamoe_status_string(megamoe_status status) {
+    switch (status) {
+    case MEGAMOE_OK: return "ok";
+    case MEGAMOE_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case MEGAMOE_ERR_OUT_OF_MEMORY: return "out of memory";
+    case MEGAMOE_ERR_BAD_WEIGHT: return "bad weight";
+    case MEGAMOE_ERR_NOT_FINALIZED: return "layer not finalized";
+    case MEGAMOE_ERR_BAD_INPUT: return "bad input";
+    case MEGAMOE_ERR_IO: return "i/o error";
+    case MEGAMOE_ERR_FORMAT: return "malformed file";
+    case MEGAMOE_ERR_UNSUPPORTED: return "unsupported";
+    case MEGAMOE_ERR_TIMEOUT: return "timeout";
+    case MEGAMOE_ERR_CUDA: return "CUDA error";
+    case MEGAMOE_ERR_NCCL: return "NCCL error";
+    case MEGAMOE_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+#define MM_STR2(x) #x
+#define MM_STR(x) MM_STR2(x)
+const char *megamoe_version_string(void) {
+    return MM_STR(MEGAMOE_VERSION_MAJOR) "." MM_STR(MEGAMOE_VERSION_MINOR) "." MM_STR(
+        MEGAMOE_VERSION_PATCH);
+}
+
+/* ---- Dtypes ------------------------------------------------------------------------------------ */
+
+static const struct {
+    megamoe_dtype dtype;
+    const char *name;
+    size_t size;
+} k_dtypes[] = {
+    {MEGAMOE_DTYPE_BOOL, "BOOL", 1},   {MEGAMOE_DTYPE_U8, "U8", 1},
+    {MEGAMOE_DTYPE_I8, "I8", 1},       {MEGAMOE_DTYPE_I16, "I16", 2},
+    {MEGAMOE_DTYPE_U16, "U16", 2},     {MEGAMOE_DTYPE_F16, "F16", 2},
+    {MEGAMOE_DTYPE_BF16, "BF16", 2},   {MEGAMOE_DTYPE_I32, "I32", 4},
+    {MEGAMOE_DTYPE_U32, "U32", 4},     {MEGAMOE_DTYPE_F32, "F32", 4},
+    {MEGAMOE_DTYPE_F64, "F64", 8},     {MEGAMOE_DTYPE_I64, "I64", 8},
+    {MEGAMOE_DTYPE_U64, "U64", 8},     {MEGAMOE_DTYPE_F8_E4M3, "F8_E4M3", 1},
+    {MEGAMOE_DTYPE_F8_E5M2, "F8_E5M2", 1},
+};
+
+const char *megamoe_dtype_name(megamoe_dtype dtype) {
+    for (size_t i = 0; i < sizeof k_dtypes / sizeof k_dtypes[0]; i++)
+        if (k_dtypes[i].dtype == dtype) return k_dtypes[i].name;
+    return "INVALID";
+}
+
+size_t megamoe_dtype_size(megamoe_dtype dtype) {
+    for (size_t i = 0; i < sizeof k_dtypes / sizeof k_dtypes[0]; i++)
+        if (k_dtypes[i].dtype == dtype) return k_dtypes[i].size;
+    return 0;
+}
+
+megamoe_dtype megamoe_dtype_from_name(const char *name) {
+    if (!name) return MEGAMOE_DTYPE_INVALID;
+    for (size_t i = 0; i < sizeof k_dtypes / sizeof k_dtypes[0]; i++)
+        if (strcmp(k_dtypes[i].name, name) == 0) return k_dtypes[i].dtype;
+    return MEGAMOE_DTYPE_INVALID;
+}
+
+int64_t megamoe_tensor_numel(const megamoe_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* ---- Group --------------------------------------------------------------------------------------- */
+
+void megamoe_group_config_init(megamoe_group_config *config) {
+    memset(config, 0, sizeof *config);
+    config->backend = MEGAMOE_BACKEND_CPU;
+    config->num_ranks = 1;
+}
+
+int megamoe_backend_available(megamoe_backend backend) {
+    return backend == MEGAMOE_BACKEND_CPU;
+}
+
+megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_group **out) {
+    if (!out) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    megamoe_group *g = calloc(1, sizeof *g);
+    *out = g;
+    if (!g) return MEGAMOE_ERR_OUT_OF_MEMORY;
+    if (!config) {
+        mm_set_error(g->error, "megamoe_group_create: config is NULL");
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    g->config = *config;
+    if (config->backend == MEGAMOE_BACKEND_CUDA || config->backend == MEGAMOE_BACKEND_NCCL) {
+        mm_set_error(g->error, "the %s backend is not available in this build",
+                     config->backend == MEGAMOE_BACKEND_CUDA ? "CUDA" : "NCCL");
+        return MEGAMOE_ERR_UNSUPPORTED;
+    }
+    if (config->backend != MEGAMOE_BACKEND_CPU) {
+        mm_set_error(g->error, "unknown backend %d", (int)config->backend);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (config->num_ranks < 1 || config->num_ranks > 72) {
+        mm_set_error(g->error, "num_ranks R=%d must be in 1..72", config->num_ranks);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (config->num_threads < 0) {
+        mm_set_error(g->error, "num_threads=%d must be >= 0 (0 = one per core)", config->num_threads);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    g->world_size = config->num_ranks;
+    g->local_ranks = config->num_ranks;
+    g->first_rank = 0;
+#ifdef _OPENMP
+    g->num_threads = config->num_threads > 0 ? config->num_threads : omp_get_num_procs();
+#else
+    g->num_threads = 1;
+#endif
+    return MEGAMOE_OK;
+}
+
+void megamoe_group_destroy(megamoe_group *group) {
+    if (!group) return;
+    /* Layers release their buffers; anything left means a layer outlived its group. */
+    while (group->buffers) {
+        mm_buffer *b = group->buffers;
+        group->buffers = b->next;
+        for (int r = 0; r < group->local_ranks; r++) free(b->rank_base[r]);
+        free(b->rank_base);
+        free(b);
+    }
+    free(group);
+}
+
+const char *megamoe_group_last_error(const megamoe_group *group) {
+    return group ? group->error : "group is NULL";
+}
+
+int megamoe_group_world_size(const megamoe_group *group) { return group ? group->world_size : 0; }
+int megamoe_group_local_ranks(const megamoe_group *group) { return group ? group->local_ranks : 0; }
+int megamoe_group_rank(const megamoe_group *group, int local_rank) {
+    return group ? group->first_rank + local_rank : -1;
+}
+megamoe_backend megamoe_group_backend(const megamoe_group *group) {
+    return group ? group->config.backend : MEGAMOE_BACKEND_CPU;
+}
+
+/* ---- Communication buffer ------------------------------------------------------------------------ */
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, mm_buffer_layout *l) {
+    const uint64_t T = (uint64_t)max_tokens, K = (uint64_t)top_k, H = (uint64_t)hidden_size;
+    const uint64_t A = 256; /* every region starts on a 256-byte boundary */
+    uint64_t off = 0;
+    l->num_tokens = off;
+    off = A;
+    l->topk_ids = off;
+    off = align_up(off + T * K * 4, A);
+    l->topk_weights = off;
+    off = align_up(off + T * K * 4, A);
+    l->token_state = off;
+    off = align_up(off + T, A);
+    /* The x region: the BF16 view [T, H] bf16 is larger than the NVFP4 view (codes H/2 + scales
+     * H/16 + s), so it sizes the region and the NVFP4 view lives inside it. */
+    l->x = off;
+    l->x_sf = align_up(off + T * H / 2, A);
+    l->x_scale = align_up(l->x_sf + T * H / 16, A);
+    uint64_t nvfp4_end = l->x_scale + T * 4;
+    uint64_t bf16_end = off + T * H * 2;
+    off = align_up(nvfp4_end > bf16_end ? nvfp4_end : bf16_end, A);
+    l->p = off;
+    off = align_up(off + T * K * H * 4, A);
+    l->total = off;
+}
+
+/* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */
+megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens,
+                                          int top_k, int hidden_size, int intermediate_size,
+                                          uint64_t *bytes) {
+    (void)num_experts;
+    (void)intermediate_size;
+    if (!group || !bytes) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    uint64_t tkh;
+    if (max_tokens < 1 || top_k < 1 || hidden_size < 1 ||
+        mm_mul_overflows_u64((uint64_t)max_tokens * (uint64_t)top_k, (uint64_t)hidden_size * 8, &tkh)) {
+        mm_set_error(group->error, "buffer size for T_max=%d K=%d H=%d is out of range", max_tokens,
+                     top_k, hidden_size);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    mm_buffer_layout l;
+    mm_buffer_layout_compute(max_tokens, top_k, hidden_size, &l);
+    *bytes = l.total;
+    return MEGAMOE_OK;
+}
+
+megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer_config *c,
+                                       mm_buffer **out) {
+    const int key[5] = {c->num_experts, c->max_tokens, c->top_k, c->hidden_size, c->intermediate_size};
+    for (mm_buffer *b = group->buffers; b; b = b->next) {
+        if (memcmp(b->key, key, sizeof key) == 0) {
+            b->refs++;
+            *out = b;
+            return MEGAMOE_OK;
+        }
+    }
+    mm_buffer *b = calloc(1, sizeof *b);
+    if (!b) return MEGAMOE_ERR_OUT_OF_MEMORY;
+    memcpy(b->key, key, sizeof key);
+    mm_buffer_layout_compute(c->max_tokens, c->top_k, c->hidden_size, &b->layout);
+    b->rank_base = calloc((size_t)group->local_ranks, sizeof *b->rank_base);
+    if (!b->rank_base) {
+        free(b);
+        return MEGAMOE_ERR_OUT_OF_MEMORY;
+    }
+    for (int r = 0; r < group->local_ranks; r++) {
+        b->rank_base[r] = aligned_alloc(256, (size_t)b->layout.total);
+        if (!b->rank_base[r]) {
+            for (int q = 0; q < r; q++) free(b->rank_base[q]);
+            free(b->rank_base);
+            free(b);
+            return MEGAMOE_ERR_OUT_OF_MEMORY;
+        }
+    }
+    b->refs = 1;
+    b->next = group->buffers;
+    group->buffers = b;
+    *out = b;
+    return MEGAMOE_OK;
+}
+
+void mm_group_release_buffer(megamoe_group *group, mm_buffer *buffer) {
+    if (!buffer || --buffer->refs > 0) return;
+    for (mm_buffer **p = &group->buffers; *p; p = &(*p)->next) {
+        if (*p == buffer) {
+            *p = buffer->next;
+            break;
+        }
+    }
+    for (int r = 0; r < group->local_ranks; r++) free(buffer->rank_base[r]);
+    free(buffer->rank_base);
+    free(buffer);
+}

@@ -1,0 +1,134 @@
+/*
+ * internal.h -- the library's own structures, shared by the API boundary, the loaders and the
+ * backends. Nothing here is visible to programs: they see include/megamoe.h only.
+ */
+#ifndef MEGAMOE_INTERNAL_H
+#define MEGAMOE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "megamoe.h"
+
+#define MM_ERR_LEN 1024
+#define MM_NAME_LEN 256
+
+/* printf-style formatting into a fixed message buffer; always NUL-terminated. */
+void mm_set_error(char *dst, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void mm_set_errorv(char *dst, const char *fmt, va_list ap);
+
+/* Multiplications that report overflow instead of wrapping. */
+int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out);
+
+/* ---- The communication buffer (SPEC §7) ----------------------------------------------------------
+ * One per (group, E, T_max, K, H, I), shared by every layer of that shape and by both formats.
+ * Per rank it holds the staged inputs of that rank's tokens and the expert outputs that come back
+ * to them. Its byte layout is defined once, by mm_buffer_layout(). */
+typedef struct mm_buffer_layout {
+    uint64_t num_tokens;     /* i32: T of this rank's current forward                             */
+    uint64_t topk_ids;       /* [T_max, K] i32 global expert ids                                  */
+    uint64_t topk_weights;   /* [T_max, K] f32                                                     */
+    uint64_t token_state;    /* [T_max] u8: MM_TOKEN_*                                             */
+    uint64_t x;              /* BF16 view: [T_max, H] bf16. NVFP4 view: codes, then sf, then s    */
+    uint64_t x_sf;           /* NVFP4 view: [T_max, H/16] e4m3 block scales                        */
+    uint64_t x_scale;        /* NVFP4 view: [T_max] f32 per-token scale s                          */
+    uint64_t p;              /* [T_max, K, H] f32 expert outputs (after the norm), by slot        */
+    uint64_t total;          /* bytes per rank                                                     */
+} mm_buffer_layout;
+
+enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
+
+void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, mm_buffer_layout *layout);
+
+typedef struct mm_buffer {
+    int key[5];                /* E, T_max, K, H, I                                       */
+    int refs;                  /* layers using it                                          */
+    mm_buffer_layout layout;
+    void **rank_base;          /* [local ranks] base address of each rank's buffer          */
+    struct mm_buffer *next;
+} mm_buffer;
+
+/* ---- Group ------------------------------------------------------------------------------------ */
+
+struct megamoe_group {
+    megamoe_group_config config;
+    int world_size;            /* R                                          */
+    int local_ranks;           /* ranks this process drives                  */
+    int first_rank;            /* global rank of local rank 0                */
+    int num_threads;           /* resolved CPU worker count                  */
+    mm_buffer *buffers;        /* communication buffers, one per shape       */
+    char error[MM_ERR_LEN];
+};
+
+/* Gets (creating on first use) the buffer of a shape; releases it when the last layer goes. */
+megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer_config *config,
+                                       mm_buffer **buffer);
+void mm_group_release_buffer(megamoe_group *group, mm_buffer *buffer);
+
+/* ---- Layer weights ------------------------------------------------------------------------------ */
+
+/* Which (projection, field) parts of an expert were loaded: bit proj * 4 + field. */
+#define MM_PART(proj, field) (1u << ((proj) * 4 + (field)))
+
+/* One local rank's experts in checkpoint layout (host). The CPU backend reads this layout as is. */
+typedef struct mm_rank_weights {
+    /* NVFP4 */
+    uint8_t *w13;              /* [E_r, 2I, H/2]  e2m1 codes, rows 0..I-1 gate, I..2I-1 up        */
+    uint8_t *w13_sf;           /* [E_r, 2I, H/16] e4m3 block scales                                 */
+    float *w13_alpha;          /* [E_r, 2]        global scales (gate, up)                          */
+    float *w13_input_scale;    /* [E_r, 2]        static input scales, kept and unused              */
+    uint8_t *w2;               /* [E_r, H, I/2]   e2m1 codes                                       */
+    uint8_t *w2_sf;            /* [E_r, H, I/16]  e4m3 block scales                                 */
+    float *w2_alpha;           /* [E_r]           global scale alpha_2                              */
+    float *w2_input_scale;     /* [E_r]           static scale a2 of the down projection's input   */
+    /* BF16 */
+    uint16_t *w13_bf16;        /* [E_r, 2I, H] bf16                                                */
+    uint16_t *w2_bf16;         /* [E_r, H, I]  bf16                                                */
+    uint16_t *loaded;          /* [E_r] MM_PART bits                                               */
+} mm_rank_weights;
+
+struct megamoe_layer {
+    megamoe_group *group;
+    megamoe_layer_config config;
+    char name[MM_NAME_LEN];
+    int experts_per_rank;       /* E_r                                    */
+    mm_rank_weights *ranks;     /* [local ranks]                          */
+    float *norm_weight;         /* [H] as loaded (f32), NULL = no norm    */
+    float *norm_gamma;          /* [H] gamma with the gain folded in      */
+    int finalized;
+    uint64_t finalize_peak_bytes;
+    mm_buffer *buffer;
+    char error[MM_ERR_LEN];
+};
+
+/* Bytes of one expert's weights in checkpoint layout, and of all local ranks' experts. */
+uint64_t mm_layer_expert_bytes(const megamoe_layer *layer);
+
+/* Sets the layer's message, prefixed with the layer name; returns status. */
+megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- Backends -------------------------------------------------------------------------------------- */
+
+megamoe_status mm_cpu_forward(megamoe_layer *layer, const megamoe_forward_args *args);
+
+/* ---- Checkpoint internals (exposed for the fuzzer and the tests) ---------------------------------- */
+
+typedef struct mm_st_entry {
+    char *name;
+    megamoe_dtype dtype;
+    int ndim;
+    int64_t shape[MEGAMOE_MAX_DIMS];
+    uint64_t begin, end;       /* offsets into the data section */
+} mm_st_entry;
+
+/* Parses and validates a whole safetensors image (header + data) held in memory. On success
+ * *entries gets a malloc'd array sorted by name (free with mm_st_entries_free). `file` names the
+ * file in messages. */
+megamoe_status mm_safetensors_parse(const uint8_t *image, uint64_t size, const char *file,
+                                    mm_st_entry **entries, int *num_entries, uint64_t *data_offset,
+                                    char *err);
+void mm_st_entries_free(mm_st_entry *entries, int num_entries);
+
+#endif /* MEGAMOE_INTERNAL_H */

@@ -1,0 +1,2 @@
+def test_placeholder_layer_reference():
+    pass

@@ -1,0 +1,122 @@
+/*
+ * test_formats.c -- the codecs and the block quantizer of src/formats.h against SPEC §2-3.
+ * (tests/py/test_formats.py checks the same functions against ml_dtypes on millions of values.)
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "formats.h"
+
+static const float k_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static void test_e2m1_decode_all_codes(void **state) {
+    (void)state;
+    for (int c = 0; c < 16; c++) {
+        const float v = mm_e2m1_to_f32((uint8_t)c);
+        assert_true(v == (c & 8 ? -k_e2m1[c & 7] : k_e2m1[c & 7]));
+        assert_int_equal(signbit(v) != 0, (c & 8) != 0);
+        assert_int_equal(mm_e2m1_rn(v), c); /* every code round-trips, -0 included */
+    }
+}
+
+static void test_e2m1_spec_ties_and_saturation(void **state) {
+    (void)state;
+    const struct {
+        float v;
+        uint8_t code;
+    } cases[] = {{0.25f, 0},  {0.75f, 2},   {1.25f, 2},   {1.75f, 4},  {2.5f, 4},    {3.5f, 6},
+                 {5.0f, 6},   {0.2499f, 0}, {0.2501f, 1}, {5.001f, 7}, {6.0f, 7},    {7.0f, 7},
+                 {1e30f, 7},  {INFINITY, 7}, {-0.1f, 8},  {-0.0f, 8},  {-5.0f, 14},  {-INFINITY, 15},
+                 {1e-40f, 0}, {-2.75f, 13}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (mm_e2m1_rn(cases[i].v) != cases[i].code)
+            fail_msg("e2m1_rn(%g) = %d, expected %d", (double)cases[i].v, mm_e2m1_rn(cases[i].v), cases[i].code);
+    }
+}
+
+static void test_e4m3_all_codes_round_trip(void **state) {
+    (void)state;
+    for (int b = 0; b < 256; b++) {
+        const float v = mm_e4m3_to_f32((uint8_t)b);
+        if ((b & 0x7F) == 0x7F) {
+            assert_true(isnan(v));
+            continue;
+        }
+        assert_int_equal(mm_e4m3_rn(v), b);
+    }
+    assert_true(mm_e4m3_to_f32(0x7E) == 448.0f);
+    assert_true(mm_e4m3_to_f32(0x01) == ldexpf(1.0f, -9));
+    assert_true(mm_e4m3_to_f32(0x08) == ldexpf(1.0f, -6));
+}
+
+static void test_e4m3_ties_subnormals_saturation(void **state) {
+    (void)state;
+    assert_int_equal(mm_e4m3_rn(ldexpf(1.0f, -10)), 0x00);        /* tie 0 | 2^-9 -> even 0 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(3.0f, -10)), 0x02);        /* tie 1 | 2 -> even 2 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(5.0f, -10)), 0x02);        /* tie 2 | 3 -> 2 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(15.0f, -10)), 0x08);       /* tie 7 | 8 -> 8 = 2^-6 */
+    assert_int_equal(mm_e4m3_rn(1.0625f), 0x38);                  /* tie 1 | 1.125 -> 1 */
+    assert_int_equal(mm_e4m3_rn(1.1875f), 0x3A);                  /* tie 1.125 | 1.25 -> 1.25 */
+    assert_int_equal(mm_e4m3_rn(449.0f), 0x7E);
+    assert_int_equal(mm_e4m3_rn(480.0f), 0x7E);
+    assert_int_equal(mm_e4m3_rn(-1e20f), 0xFE);
+    assert_int_equal(mm_e4m3_rn(INFINITY), 0x7E);
+    assert_int_equal(mm_e4m3_rn(NAN) & 0x7F, 0x7F);
+    assert_int_equal(mm_e4m3_rn(-0.0f), 0x80);
+    assert_int_equal(mm_e4m3_rn(1e-30f), 0x00);
+    assert_true(mm_e4m3_scale_valid(0x00) && mm_e4m3_scale_valid(0x7E));
+    assert_false(mm_e4m3_scale_valid(0x7F) || mm_e4m3_scale_valid(0xFF) || mm_e4m3_scale_valid(0x80) ||
+                 mm_e4m3_scale_valid(0xB8));
+}
+
+static void test_bf16_rounding(void **state) {
+    (void)state;
+    assert_int_equal(mm_f32_to_bf16(1.0f), 0x3F80);
+    assert_int_equal(mm_f32_to_bf16(mm_f32_from_bits(0x3F808000u)), 0x3F80); /* tie -> even */
+    assert_int_equal(mm_f32_to_bf16(mm_f32_from_bits(0x3F818000u)), 0x3F82); /* tie -> even */
+    assert_int_equal(mm_f32_to_bf16(mm_f32_from_bits(0x3F808001u)), 0x3F81);
+    assert_int_equal(mm_f32_to_bf16(INFINITY), 0x7F80);
+    assert_int_equal(mm_f32_to_bf16(mm_f32_from_bits(0x7F7FFFFFu)), 0x7F80); /* overflows to inf */
+    assert_true(isnan(mm_bf16_to_f32(mm_f32_to_bf16(NAN))));
+}
+
+static void test_block_quantizer(void **state) {
+    (void)state;
+    float v[16];
+    uint8_t codes[8];
+    /* All-zero block: scale byte 0 and all codes 0. */
+    memset(v, 0, sizeof v);
+    assert_int_equal(mm_quantize_block16(v, 1.0f, codes), 0);
+    for (int j = 0; j < 8; j++) assert_int_equal(codes[j], 0);
+    /* A block whose max maps to exactly 6 * sf: max 6 with scale 1 -> sf = e4m3(1) = 0x38, codes = values. */
+    for (int i = 0; i < 16; i++) v[i] = k_e2m1[i % 8] * (i & 8 ? -1.0f : 1.0f);
+    assert_int_equal(mm_quantize_block16(v, 1.0f, codes), 0x38);
+    for (int i = 0; i < 16; i++) assert_int_equal((codes[i / 2] >> (4 * (i & 1))) & 15, i);
+    /* SPEC: A / 2688, and 1 for A == 0. */
+    assert_true(mm_activation_scale(0.0f) == 1.0f);
+    assert_true(mm_activation_scale(2688.0f) == 1.0f);
+    /* Dequantized values stay within half a step of the input. */
+    for (int i = 0; i < 16; i++) v[i] = (float)(i * 37 % 11) - 5.3f;
+    const float s = 0.013f;
+    const uint8_t sf = mm_quantize_block16(v, s, codes);
+    const float step = mm_e4m3_to_f32(sf) * s;
+    for (int i = 0; i < 16; i++) {
+        const float q = mm_e2m1_to_f32((codes[i / 2] >> (4 * (i & 1))) & 15) * step;
+        assert_true(fabsf(q - v[i]) <= 1.0f * step + 1e-6f);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_e2m1_decode_all_codes),     cmocka_unit_test(test_e2m1_spec_ties_and_saturation),
+        cmocka_unit_test(test_e4m3_all_codes_round_trip), cmocka_unit_test(test_e4m3_ties_subnormals_saturation),
+        cmocka_unit_test(test_bf16_rounding),             cmocka_unit_test(test_block_quantizer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,381 @@
+/*
+ * test_layer.c -- the layer API on the CPU backend: SPEC §1 rules, loading and validation, finalize,
+ * forward edge cases, and y bitwise independent of R. (The numbers themselves are checked against an
+ * independent float64 reference in tests/py/test_layer_reference.py.)
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+static megamoe_layer_config small_config(megamoe_weight_format f) {
+    megamoe_layer_config c;
+    megamoe_layer_config_init(&c);
+    c.name = "test.mlp";
+    c.num_experts = 8, c.top_k = 4, c.hidden_size = 256, c.intermediate_size = 256, c.max_tokens = 40;
+    c.format = f;
+    return c;
+}
+
+static void expect_create_error(int R, megamoe_layer_config c, const char *s1, const char *s2) {
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.num_ranks = R;
+    megamoe_group *g = NULL;
+    megamoe_layer *l = NULL;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_create(g, &c, &l), MEGAMOE_ERR_INVALID_ARGUMENT);
+    const char *msg = megamoe_layer_last_error(l);
+    if (!strstr(msg, s1) || !strstr(msg, s2)) fail_msg("message '%s' lacks '%s' / '%s'", msg, s1, s2);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+}
+
+static void test_size_rules(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.num_experts = 6;
+    expect_create_error(4, c, "E=6", "R=4");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.hidden_size = 1000;
+    expect_create_error(1, c, "H=1000", "multiple of 256");
+    c = small_config(MEGAMOE_FORMAT_BF16);
+    c.intermediate_size = 128;
+    expect_create_error(1, c, "I=128", "multiple of 256");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.top_k = 33;
+    expect_create_error(1, c, "K=33", "1..32");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.max_tokens = 0;
+    expect_create_error(1, c, "T_max=0", ">= 1");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.norm_eps = 0.0f;
+    expect_create_error(1, c, "norm_eps", "> 0");
+    /* R outside 1..72 is refused by the group. */
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.num_ranks = 73;
+    megamoe_group *g = NULL;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(megamoe_group_last_error(g), "R=73"));
+    megamoe_group_destroy(g);
+    gc.num_ranks = 1;
+    gc.backend = MEGAMOE_BACKEND_NCCL;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_UNSUPPORTED);
+    megamoe_group_destroy(g);
+    megamoe_group_destroy(NULL);
+    megamoe_layer_destroy(NULL);
+    megamoe_checkpoint_close(NULL);
+}
+
+/* Creates an unfinalized layer over R ranks. */
+static void make_empty(const megamoe_layer_config *c, int R, megamoe_group **g, megamoe_layer **l) {
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.num_ranks = R;
+    assert_int_equal(megamoe_group_create(&gc, g), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_create(*g, c, l), MEGAMOE_OK);
+}
+
+static void expect_msg(megamoe_layer *l, const char *s1, const char *s2) {
+    const char *msg = megamoe_layer_last_error(l);
+    if (!strstr(msg, s1) || (s2 && !strstr(msg, s2))) fail_msg("message '%s' lacks '%s' / '%s'", msg, s1, s2 ? s2 : "");
+    assert_non_null(strstr(msg, "test.mlp")); /* every message names the layer */
+}
+
+static void test_weight_validation(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    tu_model m;
+    tu_model_random(&m, &c, 1, 11);
+    megamoe_group *g;
+    megamoe_layer *l;
+    make_empty(&c, 2, &g, &l);
+    const int64_t E = 8, H = 256, I = 256;
+    megamoe_tensor t = {MEGAMOE_DTYPE_U8, 3, {E, 2 * I, H / 2}, m.w13};
+    assert_int_equal(megamoe_layer_load_weight(l, "w13_bias", &t), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "unexpected expert weight", "w13_bias");
+    t.shape[1] = I;
+    assert_int_equal(megamoe_layer_load_weight(l, "w13_weight", &t), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "w13_weight", "expected [8, 512, 128]");
+    t.shape[1] = 2 * I;
+    t.dtype = MEGAMOE_DTYPE_I8;
+    assert_int_equal(megamoe_layer_load_weight(l, "w13_weight", &t), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "dtype I8", "expected U8");
+    /* A good load, then bad scales must leave it in place. */
+    assert_int_equal(tu_model_load(&m, l), MEGAMOE_OK);
+    uint8_t *sf = malloc((size_t)(E * H * I / 16));
+    memcpy(sf, m.w2_sf, (size_t)(E * H * I / 16));
+    sf[5 * H * I / 16 + 3] = 0x7F; /* NaN in expert 5 */
+    megamoe_tensor ts = {MEGAMOE_DTYPE_F8_E4M3, 3, {E, H, I / 16}, sf};
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale", &ts), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "w2_weight_scale of expert 5", "NaN");
+    sf[5 * H * I / 16 + 3] = 0xB8; /* -1.0 */
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale", &ts), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "expert 5", "negative");
+    float s2[8];
+    memcpy(s2, m.w2_s2, sizeof s2);
+    const float bad_globals[3] = {0.0f, NAN, INFINITY};
+    for (int i = 0; i < 3; i++) {
+        s2[6] = bad_globals[i];
+        megamoe_tensor tg = {MEGAMOE_DTYPE_F32, 1, {E}, s2};
+        assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale_2", &tg), MEGAMOE_ERR_BAD_WEIGHT);
+        expect_msg(l, "w2_weight_scale_2 of expert 6", "finite and > 0");
+        assert_int_equal(megamoe_layer_load_weight(l, "w2_input_scale", &tg), MEGAMOE_ERR_BAD_WEIGHT);
+        expect_msg(l, "w2_input_scale of expert 6", "finite and > 0");
+    }
+    /* [E, 1] is accepted for per-expert scalars. */
+    megamoe_tensor tg1 = {MEGAMOE_DTYPE_F32, 2, {E, 1}, m.w2_s2};
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale_2", &tg1), MEGAMOE_OK);
+    /* Per-expert loading: id out of range, wrong shape, bad scalar. */
+    float bad = -1.0f;
+    megamoe_tensor sc = {MEGAMOE_DTYPE_F32, 0, {0}, &bad};
+    assert_int_equal(megamoe_layer_load_expert_weight(l, 8, MEGAMOE_PROJ_GATE, MEGAMOE_FIELD_WEIGHT_SCALE_2, &sc),
+                     MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "expert id 8", "[0, 8)");
+    assert_int_equal(megamoe_layer_load_expert_weight(l, 3, MEGAMOE_PROJ_UP, MEGAMOE_FIELD_WEIGHT_SCALE_2, &sc),
+                     MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "experts.3.up_proj.weight_scale_2", "expert 3");
+    megamoe_tensor gate = {MEGAMOE_DTYPE_U8, 2, {I, H}, m.w13};
+    assert_int_equal(megamoe_layer_load_expert_weight(l, 3, MEGAMOE_PROJ_GATE, MEGAMOE_FIELD_WEIGHT, &gate),
+                     MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "experts.3.gate_proj.weight", "expected [256, 128]");
+    /* The earlier good state survived: finalize works and forward runs. */
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_load_weight(l, "w13_weight", &t), MEGAMOE_ERR_INVALID_ARGUMENT);
+    expect_msg(l, "finalized", NULL);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    free(sf);
+    tu_model_free(&m);
+}
+
+static void test_bf16_rejects_nvfp4_names(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_BF16);
+    megamoe_group *g;
+    megamoe_layer *l;
+    make_empty(&c, 1, &g, &l);
+    float s[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    megamoe_tensor t = {MEGAMOE_DTYPE_F32, 1, {8}, s};
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale_2", &t), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "w2_weight_scale_2", "BF16");
+    megamoe_tensor sc = {MEGAMOE_DTYPE_F32, 0, {0}, s};
+    assert_int_equal(megamoe_layer_load_expert_weight(l, 0, MEGAMOE_PROJ_DOWN, MEGAMOE_FIELD_INPUT_SCALE, &sc),
+                     MEGAMOE_ERR_BAD_WEIGHT);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+}
+
+static void test_finalize_and_forward_order(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    tu_model m;
+    tu_model_random(&m, &c, 0, 12);
+    megamoe_group *g;
+    megamoe_layer *l;
+    make_empty(&c, 1, &g, &l);
+    tu_inputs in;
+    tu_inputs_random(&in, 4, c.top_k, c.hidden_size, c.num_experts, 3);
+    uint16_t *y = malloc((size_t)4 * c.hidden_size * 2);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_ERR_NOT_FINALIZED);
+    expect_msg(l, "forward before", NULL);
+    /* Everything but w2_input_scale: finalize names what is missing. */
+    megamoe_tensor w2_in = {MEGAMOE_DTYPE_F32, 1, {8}, m.w2_in};
+    m.w2_in = NULL;
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight", &(megamoe_tensor){MEGAMOE_DTYPE_U8, 3, {8, 256, 128}, m.w2}), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_ERR_NOT_FINALIZED);
+    expect_msg(l, "expert 0", "gate_proj.weight");
+    m.w2_in = (float *)w2_in.data;
+    tu_model_load(&m, l);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK); /* idempotent */
+    megamoe_memory_info mi;
+    assert_int_equal(megamoe_layer_memory(l, &mi), MEGAMOE_OK);
+    assert_true(mi.weight_bytes == 8ull * (3 * 256 * 256 / 2 + 3 * 256 * 256 / 16 + 24));
+    assert_true(mi.checkpoint_bytes == 0 && mi.buffer_bytes > 0 && mi.finalize_peak_bytes >= mi.weight_bytes);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    tu_inputs_free(&in);
+    free(y);
+    tu_model_free(&m);
+}
+
+/* The inputs every edge-case test uses: -1 slots, duplicates, a token with no valid slot, padding
+ * (with a NaN x that must be ignored), a non-finite token, negative weights. */
+static void edge_inputs(tu_inputs *in, int T, const megamoe_layer_config *c, uint64_t seed) {
+    tu_inputs_random(in, T, c->top_k, c->hidden_size, c->num_experts, seed);
+    const int K = c->top_k, H = c->hidden_size;
+    in->ids[1 * K + 2] = -1;
+    in->ids[2 * K + 0] = in->ids[2 * K + 1];          /* duplicate id in a row */
+    for (int k = 0; k < K; k++) in->ids[3 * K + k] = -1; /* no valid slot: zero row */
+    in->padding[4] = 1;
+    in->x[4 * H + 7] = 0x7FC0;                          /* padding ignores its NaN */
+    in->x[5 * H + 100] = 0x7F80;                        /* +inf: NaN row */
+    in->x[6 * H + 0] = 0xFFC0;                          /* NaN: NaN row */
+    for (int h = 0; h < H; h++) in->x[7 * H + h] = 0;   /* all-zero token: s = 1 */
+}
+
+static void check_edge_rows(const tu_inputs *in, const uint16_t *y) {
+    const int H = in->H;
+    for (int t = 0; t < in->T; t++) {
+        for (int h = 0; h < H; h++) {
+            const uint16_t v = y[(size_t)t * H + h];
+            const int is_nan = (v & 0x7FFF) > 0x7F80;
+            if (t == 3 || t == 4 || t == 7) assert_int_equal(v & 0x7FFF, 0); /* zero rows */
+            else if (t == 5 || t == 6) assert_true(is_nan);
+            else if (is_nan || v == 0xFFFF) fail_msg("token %d element %d not written or NaN: 0x%04x", t, h, v);
+        }
+    }
+    /* Token 7 is all zeros: every expert maps 0 to 0 (no bias), so its row is zero too. */
+}
+
+static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp) {
+    megamoe_layer_config c = small_config(f);
+    c.activation_clamp = clamp;
+    tu_model m;
+    tu_model_random(&m, &c, with_norm, 21 + f);
+    const int T = 37; /* not a multiple of any R */
+    tu_inputs in;
+    edge_inputs(&in, T, &c, 99);
+    uint16_t *y[3];
+    const int Rs[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) {
+        megamoe_group *g;
+        megamoe_layer *l;
+        tu_layer_make(&m, Rs[i], &g, &l);
+        y[i] = malloc((size_t)T * c.hidden_size * 2);
+        megamoe_status st = tu_forward(g, l, &in, y[i]);
+        if (st) fail_msg("%s", megamoe_layer_last_error(l));
+        check_edge_rows(&in, y[i]);
+        megamoe_layer_destroy(l);
+        megamoe_group_destroy(g);
+    }
+    assert_memory_equal(y[0], y[1], (size_t)T * c.hidden_size * 2);
+    assert_memory_equal(y[0], y[2], (size_t)T * c.hidden_size * 2);
+    for (int i = 0; i < 3; i++) free(y[i]);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+}
+
+static void test_r_invariance_nvfp4(void **state) { (void)state; run_r_invariance(MEGAMOE_FORMAT_NVFP4, 1, 0.0f); }
+static void test_r_invariance_bf16(void **state) { (void)state; run_r_invariance(MEGAMOE_FORMAT_BF16, 1, 0.0f); }
+static void test_r_invariance_clamp_no_norm(void **state) {
+    (void)state;
+    run_r_invariance(MEGAMOE_FORMAT_NVFP4, 0, 0.5f);
+    run_r_invariance(MEGAMOE_FORMAT_BF16, 0, 0.5f);
+}
+
+static void test_token_counts_and_bad_ids(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    tu_model m;
+    tu_model_random(&m, &c, 1, 31);
+    megamoe_group *g;
+    megamoe_layer *l;
+    tu_layer_make(&m, 2, &g, &l);
+    const int H = c.hidden_size, K = c.top_k;
+    /* T = 0 on every rank. */
+    tu_inputs in;
+    tu_inputs_random(&in, 0, K, H, c.num_experts, 1);
+    uint16_t dummy;
+    assert_int_equal(tu_forward(g, l, &in, &dummy), MEGAMOE_OK);
+    tu_inputs_free(&in);
+    /* T = T_max on both ranks, then T_max + 1 on one: refused, y untouched. */
+    tu_inputs_random(&in, 2 * c.max_tokens, K, H, c.num_experts, 2);
+    uint16_t *y = malloc((size_t)(2 * c.max_tokens + 2) * H * 2);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    tu_inputs_free(&in);
+    tu_inputs_random(&in, 2 * c.max_tokens + 1, K, H, c.num_experts, 2);
+    memset(y, 0x5A, (size_t)(2 * c.max_tokens + 1) * H * 2);
+    megamoe_forward_args args[2] = {{c.max_tokens + 1, in.x, in.ids, in.weights, NULL, y},
+                                    {c.max_tokens, in.x, in.ids, in.weights, NULL, y}};
+    assert_int_equal(megamoe_layer_forward(l, args, NULL), MEGAMOE_ERR_BAD_INPUT);
+    expect_msg(l, "41 tokens", "max_tokens=40");
+    for (size_t i = 0; i < (size_t)(c.max_tokens + 1) * H * 2; i++) assert_int_equal(((uint8_t *)y)[i], 0x5A);
+    tu_inputs_free(&in);
+    /* Bad ids: skipped, reported, and y equals the run with those slots set to -1. */
+    tu_inputs_random(&in, 9, K, H, c.num_experts, 5);
+    in.ids[2 * K + 1] = 8;   /* == E */
+    in.ids[6 * K + 3] = -7;
+    uint16_t *y_bad = malloc((size_t)9 * H * 2), *y_ref = malloc((size_t)9 * H * 2);
+    assert_int_equal(tu_forward(g, l, &in, y_bad), MEGAMOE_ERR_BAD_INPUT);
+    expect_msg(l, "token 2 slot 1", "expert id 8 is outside [-1, 8)");
+    assert_non_null(strstr(megamoe_layer_last_error(l), "2 bad slots"));
+    in.ids[2 * K + 1] = -1;
+    in.ids[6 * K + 3] = -1;
+    assert_int_equal(tu_forward(g, l, &in, y_ref), MEGAMOE_OK);
+    assert_memory_equal(y_bad, y_ref, (size_t)9 * H * 2);
+    free(y_bad), free(y_ref), free(y);
+    tu_inputs_free(&in);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    tu_model_free(&m);
+}
+
+/* Layers of one shape share one buffer (both formats); interleaved forwards stay correct. */
+static void test_buffer_sharing(void **state) {
+    (void)state;
+    megamoe_layer_config cn = small_config(MEGAMOE_FORMAT_NVFP4), cb = small_config(MEGAMOE_FORMAT_BF16);
+    tu_model mn, mb;
+    tu_model_random(&mn, &cn, 1, 41);
+    tu_model_random(&mb, &cb, 0, 42);
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.num_ranks = 2;
+    megamoe_group *g;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_OK);
+    megamoe_layer *ln, *lb;
+    assert_int_equal(megamoe_layer_create(g, &cn, &ln), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_create(g, &cb, &lb), MEGAMOE_OK);
+    assert_ptr_equal(ln->buffer, lb->buffer);
+    uint64_t bytes;
+    assert_int_equal(megamoe_group_buffer_bytes(g, 8, 40, 4, 256, 256, &bytes), MEGAMOE_OK);
+    assert_true(bytes == ln->buffer->layout.total);
+    assert_int_equal(tu_model_load(&mn, ln), MEGAMOE_OK);
+    assert_int_equal(tu_model_load(&mb, lb), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(ln), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(lb), MEGAMOE_OK);
+    tu_inputs in;
+    tu_inputs_random(&in, 30, 4, 256, 8, 7);
+    const size_t n = (size_t)30 * 256 * 2;
+    uint16_t *a1 = malloc(n), *b1 = malloc(n), *a2 = malloc(n);
+    assert_int_equal(tu_forward(g, ln, &in, a1), MEGAMOE_OK);
+    assert_int_equal(tu_forward(g, lb, &in, b1), MEGAMOE_OK);
+    assert_int_equal(tu_forward(g, ln, &in, a2), MEGAMOE_OK);
+    assert_memory_equal(a1, a2, n);
+    assert_memory_not_equal(a1, b1, n);
+    megamoe_layer_destroy(ln);
+    megamoe_layer_destroy(lb);
+    assert_null(g->buffers); /* released with the last layer */
+    megamoe_group_destroy(g);
+    free(a1), free(b1), free(a2);
+    tu_inputs_free(&in);
+    tu_model_free(&mn);
+    tu_model_free(&mb);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_size_rules),
+        cmocka_unit_test(test_weight_validation),
+        cmocka_unit_test(test_bf16_rejects_nvfp4_names),
+        cmocka_unit_test(test_finalize_and_forward_order),
+        cmocka_unit_test(test_r_invariance_nvfp4),
+        cmocka_unit_test(test_r_invariance_bf16),
+        cmocka_unit_test(test_r_invariance_clamp_no_norm),
+        cmocka_unit_test(test_token_counts_and_bad_ids),
+        cmocka_unit_test(test_buffer_sharing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,64 @@
+/*
+ * cli.h -- helpers shared by the megamoe command's subcommands. The CLI is a client of
+ * include/megamoe.h only.
+ */
+#ifndef MEGAMOE_CLI_H
+#define MEGAMOE_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "megamoe.h"
+
+/* Subcommands: each returns the process exit code (0 ok, 1 failure, 2 usage). */
+int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+
+/* Prints "megamoe: <fmt>" to stderr; returns 1. */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Progress line on stderr (rewritten in place on a terminal, a line per ~10% elsewhere). */
+void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
+
+/* Strict number parsing for options: 1 on success. */
+int cli_parse_int(const char *s, int *out);
+int cli_parse_float(const char *s, float *out);
+int cli_parse_u64(const char *s, uint64_t *out);
+
+/* Seeded random numbers (splitmix64 + Box-Muller). */
+typedef struct cli_rng {
+    uint64_t state;
+} cli_rng;
+uint64_t cli_rng_next(cli_rng *r);
+double cli_rng_uniform(cli_rng *r); /* [0, 1) */
+double cli_rng_normal(cli_rng *r);
+
+uint16_t cli_f32_to_bf16(float f);
+float cli_bf16_to_f32(uint16_t h);
+
+double cli_now_seconds(void);
+
+/* Random routing: for each token K distinct experts out of E and softmax-like positive weights. */
+void cli_random_routing(cli_rng *r, int T, int K, int E, int32_t *ids, float *weights);
+
+/* Relative L2 distance of two bf16 vectors (NaN-aware: a NaN anywhere gives NaN). */
+double cli_rel_l2_bf16(const uint16_t *a, const uint16_t *ref, size_t n);
+
+/* A group of R ranks on the backend, one layer on it: set up from a config. */
+typedef struct cli_layer {
+    megamoe_group *group;
+    megamoe_layer *layer;
+} cli_layer;
+
+int cli_layer_create(megamoe_backend backend, int ranks, int threads, const megamoe_layer_config *cfg,
+                     cli_layer *out);
+void cli_layer_destroy(cli_layer *c);
+
+/* Splits T tokens over R ranks in contiguous chunks of ceil(T/R) and runs one forward. */
+megamoe_status cli_forward_split(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
+                                 const float *weights, const uint8_t *padding, uint16_t *y);
+
+#endif /* MEGAMOE_CLI_H */

@@ -1,0 +1,333 @@
+/*
+ * cmd_demo.c -- `megamoe demo` (an embedded model, checked) and `megamoe bench` (timings).
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* ---- The demo model ------------------------------------------------------------------------- */
+
+typedef struct demo_model {
+    int E, K, H, I;
+    uint16_t *w13;  /* [E, 2I, H] bf16 */
+    uint16_t *w2;   /* [E, H, I]  bf16 */
+    float *norm;    /* [H] */
+    /* NVFP4, per expert and projection (gate, up, down) */
+    uint8_t *codes[3], *sf[3]; /* [E, rows, cols/2], [E, rows, cols/16] */
+    float *alpha[3];           /* [E] */
+    float *in_scale[3];        /* [E] (gate and up share the x scale) */
+} demo_model;
+
+static void demo_model_free(demo_model *m) {
+    free(m->w13), free(m->w2), free(m->norm);
+    for (int p = 0; p < 3; p++) free(m->codes[p]), free(m->sf[p]), free(m->alpha[p]), free(m->in_scale[p]);
+}
+
+static int demo_model_build(demo_model *m, uint64_t seed) {
+    const size_t E = (size_t)m->E, H = (size_t)m->H, I = (size_t)m->I;
+    cli_rng r = {seed};
+    m->w13 = malloc(E * 2 * I * H * 2);
+    m->w2 = malloc(E * H * I * 2);
+    m->norm = malloc(H * sizeof(float));
+    for (int p = 0; p < 3; p++) {
+        const size_t n = p == 2 ? H * I : I * H;
+        m->codes[p] = malloc(E * n / 2);
+        m->sf[p] = malloc(E * n / 16);
+        m->alpha[p] = malloc(E * sizeof(float));
+        m->in_scale[p] = malloc(E * sizeof(float));
+        if (!m->codes[p] || !m->sf[p] || !m->alpha[p] || !m->in_scale[p]) return cli_fail("out of memory");
+    }
+    if (!m->w13 || !m->w2 || !m->norm) return cli_fail("out of memory");
+    for (size_t i = 0; i < E * 2 * I * H; i++) m->w13[i] = cli_f32_to_bf16((float)(cli_rng_normal(&r) / sqrt((double)H)));
+    for (size_t i = 0; i < E * H * I; i++) m->w2[i] = cli_f32_to_bf16((float)(cli_rng_normal(&r) / sqrt((double)I)));
+    for (size_t h = 0; h < H; h++) m->norm[h] = (float)(1.0 + 0.1 * cli_rng_normal(&r));
+    for (size_t e = 0; e < E; e++) {
+        for (int p = 0; p < 3; p++) {
+            const size_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
+            const uint16_t *w = p == 2 ? m->w2 + e * H * I : m->w13 + e * 2 * I * H + (size_t)p * I * H;
+            megamoe_status st = megamoe_quantize_nvfp4(w, (int64_t)rows, (int64_t)cols, m->codes[p] + e * rows * cols / 2,
+                                                       m->sf[p] + e * rows * cols / 16, &m->alpha[p][e]);
+            if (st) return cli_fail("quantize: %s", megamoe_status_string(st));
+        }
+        float xa, aa;
+        megamoe_status st = megamoe_calibrate_expert_bf16(m->w13 + e * 2 * I * H, m->H, m->I, 64, seed + e, 0.0f, &xa, &aa);
+        if (st) return cli_fail("calibrate: %s", megamoe_status_string(st));
+        m->in_scale[0][e] = m->in_scale[1][e] = xa / 2688.0f;
+        m->in_scale[2][e] = aa > 0.0f ? aa / 2688.0f : 1.0f;
+    }
+    return 0;
+}
+
+/* Loads the demo model into a layer, per expert, through the public loading API. */
+static int demo_model_load(const demo_model *m, megamoe_layer *layer, megamoe_weight_format fmt) {
+    const int64_t H = m->H, I = m->I;
+    for (int e = 0; e < m->E; e++) {
+        for (int p = 0; p < 3; p++) {
+            const int64_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
+            megamoe_status st;
+            if (fmt == MEGAMOE_FORMAT_BF16) {
+                const uint16_t *w = p == 2 ? m->w2 + (size_t)e * H * I : m->w13 + (size_t)e * 2 * I * H + (size_t)p * I * H;
+                megamoe_tensor t = {MEGAMOE_DTYPE_BF16, 2, {rows, cols}, w};
+                st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT, &t);
+            } else {
+                megamoe_tensor codes = {MEGAMOE_DTYPE_U8, 2, {rows, cols / 2}, m->codes[p] + (size_t)e * rows * cols / 2};
+                megamoe_tensor sf = {MEGAMOE_DTYPE_F8_E4M3, 2, {rows, cols / 16}, m->sf[p] + (size_t)e * rows * cols / 16};
+                megamoe_tensor alpha = {MEGAMOE_DTYPE_F32, 0, {0}, &m->alpha[p][e]};
+                megamoe_tensor in = {MEGAMOE_DTYPE_F32, 0, {0}, &m->in_scale[p][e]};
+                st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT, &codes);
+                if (!st) st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT_SCALE, &sf);
+                if (!st) st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT_SCALE_2, &alpha);
+                if (!st) st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_INPUT_SCALE, &in);
+            }
+            if (st) return cli_fail("%s", megamoe_layer_last_error(layer));
+        }
+    }
+    megamoe_tensor norm = {MEGAMOE_DTYPE_F32, 1, {H}, m->norm};
+    megamoe_status st = megamoe_layer_load_norm_weight(layer, &norm);
+    if (!st) st = megamoe_layer_finalize(layer);
+    if (st) return cli_fail("%s", megamoe_layer_last_error(layer));
+    return 0;
+}
+
+static const char k_demo_help[] =
+    "usage: megamoe demo [--backend auto|cpu|cuda] [--tokens T] [--threads N] [--seed S]\n"
+    "\n"
+    "Builds an embedded MoE layer (E=32 experts, top-4, H=1024, I=512) from seeded random BF16\n"
+    "weights, quantizes it to NVFP4, runs both formats with 1 and 4 expert-parallel ranks and\n"
+    "checks the results: ranks must not change y (bitwise), and a device backend must match the\n"
+    "CPU reference. Runs on the GPU when there is one (auto), else on the CPU.\n";
+
+int cmd_demo(int argc, char **argv) {
+    static const struct option opts[] = {{"backend", required_argument, 0, 'b'}, {"tokens", required_argument, 0, 'T'},
+                                         {"threads", required_argument, 0, 't'}, {"seed", required_argument, 0, 's'},
+                                         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    int T = 256, threads = 0, c;
+    uint64_t seed = 2026;
+    const char *backend_name = "auto";
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int ok = 1;
+        switch (c) {
+        case 'b': backend_name = optarg; break;
+        case 'T': ok = cli_parse_int(optarg, &T) && T >= 1; break;
+        case 't': ok = cli_parse_int(optarg, &threads) && threads >= 0; break;
+        case 's': ok = cli_parse_u64(optarg, &seed); break;
+        case 'h': fputs(k_demo_help, stdout); return 0;
+        default: fputs(k_demo_help, stderr); return 2;
+        }
+        if (!ok) return cli_fail("demo: bad value '%s' (see megamoe demo --help)", optarg);
+    }
+    megamoe_backend backend;
+    if (strcmp(backend_name, "cpu") == 0) backend = MEGAMOE_BACKEND_CPU;
+    else if (strcmp(backend_name, "cuda") == 0) backend = MEGAMOE_BACKEND_CUDA;
+    else if (strcmp(backend_name, "auto") == 0)
+        backend = megamoe_backend_available(MEGAMOE_BACKEND_CUDA) ? MEGAMOE_BACKEND_CUDA : MEGAMOE_BACKEND_CPU;
+    else return cli_fail("demo: --backend must be auto, cpu or cuda");
+    if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
+        return cli_fail("demo: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
+
+    demo_model m = {.E = 32, .K = 4, .H = 1024, .I = 512};
+    printf("megamoe %s demo: E=%d experts, top-%d, H=%d, I=%d, %d tokens, backend %s\n", megamoe_version_string(),
+           m.E, m.K, m.H, m.I, T, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("  weights: seeded random BF16, quantized to NVFP4 (global + E4M3 block scales, calibrated input scales)\n");
+    fflush(stdout);
+    int rc = demo_model_build(&m, seed);
+    const size_t xn = (size_t)T * (size_t)m.H;
+    uint16_t *x = malloc(xn * 2), *y[2][2] = {{0}}, *ref[2] = {0};
+    int32_t *ids = malloc((size_t)T * m.K * sizeof *ids);
+    float *w = malloc((size_t)T * m.K * sizeof *w);
+    if (!rc && (!x || !ids || !w)) rc = cli_fail("out of memory");
+    if (!rc) {
+        cli_rng r = {seed ^ 0xABCDEFull};
+        for (size_t i = 0; i < xn; i++) x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
+        cli_random_routing(&r, T, m.K, m.E, ids, w);
+    }
+    const double flop = 6.0 * m.H * m.I * (double)T * m.K;
+    printf("  %-6s %-6s %-13s %-10s %s\n", "format", "ranks", "ms/forward", "GFLOP/s", "check");
+    for (int f = 0; f < 2 && !rc; f++) {
+        const megamoe_weight_format fmt = f == 0 ? MEGAMOE_FORMAT_BF16 : MEGAMOE_FORMAT_NVFP4;
+        for (int ri = 0; ri < 2 && !rc; ri++) {
+            const int R = ri == 0 ? 1 : 4;
+            megamoe_layer_config cfg;
+            megamoe_layer_config_init(&cfg);
+            cfg.name = "demo";
+            cfg.num_experts = m.E, cfg.top_k = m.K, cfg.hidden_size = m.H, cfg.intermediate_size = m.I;
+            cfg.max_tokens = (T + R - 1) / R, cfg.format = fmt;
+            cli_layer L;
+            if ((rc = cli_layer_create(MEGAMOE_BACKEND_CPU, R, threads, &cfg, &L)) != 0) break;
+            rc = demo_model_load(&m, L.layer, fmt);
+            y[f][ri] = malloc(xn * 2);
+            double best = 1e30;
+            for (int it = 0; it < 3 && !rc; it++) {
+                for (size_t i = 0; i < xn; i++) y[f][ri][i] = 0xFFFF; /* poison: NaN pattern */
+                const double t0 = cli_now_seconds();
+                megamoe_status st = cli_forward_split(&L, T, m.K, m.H, x, ids, w, NULL, y[f][ri]);
+                const double dt = cli_now_seconds() - t0;
+                if (st) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+                if (dt < best) best = dt;
+            }
+            cli_layer_destroy(&L);
+            if (rc) break;
+            char check[128] = "reference";
+            if (ri == 1) {
+                const int same = memcmp(y[f][0], y[f][1], xn * 2) == 0;
+                snprintf(check, sizeof check, "bitwise equal to 1 rank: %s", same ? "yes" : "NO");
+                if (!same) rc = 1;
+            }
+            for (size_t i = 0; i < xn && !rc; i++)
+                if (y[f][ri][i] == 0xFFFF) rc = cli_fail("demo: output element %zu was not written", i);
+            printf("  %-6s %-6d %-13.2f %-10.1f %s\n", f == 0 ? "bf16" : "nvfp4", R, best * 1e3, flop / best / 1e9, check);
+            fflush(stdout);
+        }
+        ref[f] = y[f][0];
+    }
+    if (!rc) {
+        const double err = cli_rel_l2_bf16(ref[1], ref[0], xn);
+        printf("  NVFP4 vs BF16 output: relative L2 %.4f (the quantization error of weights and activations)\n", err);
+        if (!(err < 0.25)) rc = cli_fail("demo: NVFP4 output is too far from BF16 (%.4f)", err);
+    }
+    printf(rc ? "FAILED\n" : "OK\n");
+    for (int f = 0; f < 2; f++) free(y[f][0]), free(y[f][1]);
+    free(x), free(ids), free(w);
+    demo_model_free(&m);
+    return rc;
+}
+
+/* ---- bench ---------------------------------------------------------------------------------- */
+
+static const char k_bench_help[] =
+    "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T]\n"
+    "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
+    "                     [--iters N] [--seed S]\n"
+    "\n"
+    "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
+    "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Prints the median time per forward, the\n"
+    "arithmetic rate 6*H*I*slots/time, and the bytes of the experts touched per second.\n";
+
+int cmd_bench(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"experts", required_argument, 0, 'E'}, {"top-k", required_argument, 0, 'K'},
+        {"hidden", required_argument, 0, 'H'},  {"inter", required_argument, 0, 'I'},
+        {"tokens", required_argument, 0, 'T'},  {"format", required_argument, 0, 'f'},
+        {"ranks", required_argument, 0, 'R'},   {"backend", required_argument, 0, 'b'},
+        {"threads", required_argument, 0, 't'}, {"iters", required_argument, 0, 'n'},
+        {"seed", required_argument, 0, 's'},    {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int E = 32, K = 4, H = 1024, I = 512, T = 256, R = 1, threads = 0, iters = 5, c;
+    uint64_t seed = 1;
+    megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
+    megamoe_backend backend = MEGAMOE_BACKEND_CPU;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int ok = 1;
+        switch (c) {
+        case 'E': ok = cli_parse_int(optarg, &E); break;
+        case 'K': ok = cli_parse_int(optarg, &K); break;
+        case 'H': ok = cli_parse_int(optarg, &H); break;
+        case 'I': ok = cli_parse_int(optarg, &I); break;
+        case 'T': ok = cli_parse_int(optarg, &T) && T >= 0; break;
+        case 'R': ok = cli_parse_int(optarg, &R); break;
+        case 't': ok = cli_parse_int(optarg, &threads); break;
+        case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
+        case 's': ok = cli_parse_u64(optarg, &seed); break;
+        case 'f':
+            if (strcmp(optarg, "nvfp4") == 0) fmt = MEGAMOE_FORMAT_NVFP4;
+            else if (strcmp(optarg, "bf16") == 0) fmt = MEGAMOE_FORMAT_BF16;
+            else ok = 0;
+            break;
+        case 'b':
+            if (strcmp(optarg, "cpu") == 0) backend = MEGAMOE_BACKEND_CPU;
+            else if (strcmp(optarg, "cuda") == 0) backend = MEGAMOE_BACKEND_CUDA;
+            else ok = 0;
+            break;
+        case 'h': fputs(k_bench_help, stdout); return 0;
+        default: fputs(k_bench_help, stderr); return 2;
+        }
+        if (!ok) return cli_fail("bench: bad value '%s' (see megamoe bench --help)", optarg);
+    }
+    if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
+        return cli_fail("bench: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
+    megamoe_layer_config cfg;
+    megamoe_layer_config_init(&cfg);
+    cfg.name = "bench";
+    cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
+    cfg.max_tokens = R > 0 && T > 0 ? (T + R - 1) / R : 1;
+    cli_layer L;
+    if (cli_layer_create(backend, R, threads, &cfg, &L)) {
+        cli_layer_destroy(&L);
+        return 1;
+    }
+    cli_rng r = {seed};
+    /* Random weights in the full stacked layout: codes any byte, block scales in a moderate range. */
+    const int nvfp4 = fmt == MEGAMOE_FORMAT_NVFP4;
+    const char *names[4] = {"w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"};
+    const int64_t shapes[4][3] = {{E, 2 * I, nvfp4 ? H / 2 : H}, {E, H, nvfp4 ? I / 2 : I}, {E, 2 * I, H / 16}, {E, H, I / 16}};
+    int rc = 0;
+    for (int i = 0; i < (nvfp4 ? 4 : 2) && !rc; i++) {
+        megamoe_tensor t = {i >= 2 ? MEGAMOE_DTYPE_F8_E4M3 : nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16, 3,
+                            {shapes[i][0], shapes[i][1], shapes[i][2]}, NULL};
+        const size_t n = (size_t)megamoe_tensor_numel(&t);
+        uint8_t *buf = malloc(n * megamoe_dtype_size(t.dtype));
+        if (!buf) {
+            rc = cli_fail("out of memory for %s", names[i]);
+            break;
+        }
+        for (size_t j = 0; j < n; j++) {
+            if (i >= 2) buf[j] = (uint8_t)(0x30 + cli_rng_next(&r) % 16);
+            else if (nvfp4) buf[j] = (uint8_t)cli_rng_next(&r);
+            else ((uint16_t *)buf)[j] = cli_f32_to_bf16((float)(0.02 * cli_rng_normal(&r)));
+        }
+        t.data = buf;
+        if (megamoe_layer_load_weight(L.layer, names[i], &t)) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+        free(buf);
+    }
+    if (nvfp4 && !rc) {
+        float *s2 = malloc((size_t)E * 2 * sizeof *s2);
+        for (int i = 0; s2 && i < 2 * E; i++) s2[i] = 1.0f / 64.0f;
+        megamoe_tensor a13 = {MEGAMOE_DTYPE_F32, 2, {E, 2}, s2}, a2 = {MEGAMOE_DTYPE_F32, 1, {E}, s2};
+        if (!s2 || megamoe_layer_load_weight(L.layer, "w13_weight_scale_2", &a13) ||
+            megamoe_layer_load_weight(L.layer, "w2_weight_scale_2", &a2) || megamoe_layer_load_weight(L.layer, "w2_input_scale", &a2))
+            rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+        free(s2);
+    }
+    if (!rc && megamoe_layer_finalize(L.layer)) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+    const size_t xn = (size_t)T * H;
+    uint16_t *x = malloc(xn * 2 + 2), *y = malloc(xn * 2 + 2);
+    int32_t *ids = malloc((size_t)T * K * 4 + 4);
+    float *w = malloc((size_t)T * K * 4 + 4);
+    if (!rc && (!x || !y || !ids || !w)) rc = cli_fail("out of memory");
+    double *times = calloc((size_t)iters, sizeof *times);
+    if (!rc && !times) rc = cli_fail("out of memory");
+    if (!rc) {
+        for (size_t i = 0; i < xn; i++) x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
+        cli_random_routing(&r, T, K, E, ids, w);
+        for (int it = -1; it < iters && !rc; it++) { /* one warm-up */
+            const double t0 = cli_now_seconds();
+            megamoe_status st = cli_forward_split(&L, T, K, H, x, ids, w, NULL, y);
+            if (st) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+            if (it >= 0) times[it] = cli_now_seconds() - t0;
+        }
+    }
+    if (!rc) {
+        for (int i = 1; i < iters; i++) /* insertion sort for the median */
+            for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+                double tmp = times[j];
+                times[j] = times[j - 1], times[j - 1] = tmp;
+            }
+        const double med = times[iters / 2];
+        int touched = 0;
+        char *used = calloc((size_t)E, 1);
+        for (size_t i = 0; used && i < (size_t)T * K; i++) used[ids[i]] = 1;
+        for (int e = 0; used && e < E; e++) touched += used[e];
+        free(used);
+        const double expert_bytes = nvfp4 ? 3.0 * H * I * (0.5 + 1.0 / 16) : 3.0 * H * I * 2;
+        printf("bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.3f ms over %d, %.1f GFLOP/s, "
+               "%.2f GB/s of touched expert weights (%d experts)\n",
+               E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", med * 1e3,
+               iters, 6.0 * H * I * (double)T * K / med / 1e9, expert_bytes * touched / med / 1e9, touched);
+    }
+    free(times), free(x), free(y), free(ids), free(w);
+    cli_layer_destroy(&L);
+    return rc;
+}

@@ -1,0 +1,312 @@
+/*
+ * cmd_run.c -- `megamoe run`, `megamoe inspect` and `megamoe quantize`.
+ */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char *format_name(megamoe_weight_format f) { return f == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16"; }
+
+static const char *naming_name(megamoe_naming n) {
+    switch (n) {
+    case MEGAMOE_NAMING_STACKED: return "stacked";
+    case MEGAMOE_NAMING_PER_EXPERT: return "per-expert";
+    case MEGAMOE_NAMING_COMPRESSED_TENSORS: return "compressed-tensors";
+    }
+    return "?";
+}
+
+/* ---- run ------------------------------------------------------------------------------------ */
+
+static const char k_run_help[] =
+    "usage: megamoe run --checkpoint PATH --input IN --output OUT [options]\n"
+    "\n"
+    "Runs one MoE experts layer of a checkpoint on the tokens of IN and writes OUT.\n"
+    "\n"
+    "  --checkpoint PATH     a .safetensors file, or a folder with model.safetensors.index.json\n"
+    "  --prefix P            the layer's tensor-name prefix, e.g. model.layers.3.mlp\n"
+    "                        (needed only when the checkpoint holds several MoE layers)\n"
+    "  --input IN            safetensors with hidden_states [T,H] BF16, topk_ids [T,K] I32,\n"
+    "                        topk_weights [T,K] F32 and optionally is_padding [T] BOOL\n"
+    "  --output OUT          safetensors that gets y [T,H] BF16\n"
+    "  --ranks R             expert-parallel ranks (default 1); tokens are split over them in\n"
+    "                        contiguous chunks; y does not depend on R\n"
+    "  --backend cpu|cuda    where to run (default cpu)\n"
+    "  --threads N           CPU worker threads (default: one per core)\n"
+    "  --max-tokens N        T_max per rank (default: the tokens of the largest chunk)\n"
+    "  --norm-eps X          post-expert RMSNorm epsilon (default 1e-6)\n"
+    "  --norm-zero-centered  the norm weight is stored zero-centered: gamma = weight + center\n"
+    "  --norm-gain-center C  that center (default 1.0)\n"
+    "  --clamp C             clamp gate and up to C before SwiGLU (default off)\n"
+    "\n"
+    "E, H, I and the weight format come from the checkpoint, K from topk_ids. A token whose\n"
+    "hidden state holds NaN or Inf gets a NaN row; a token with no valid slot a zero row.\n";
+
+typedef struct inputs {
+    megamoe_checkpoint *file;
+    megamoe_tensor x, ids, weights, padding;
+    int has_padding, T, K, H;
+} inputs;
+
+static int open_inputs(const char *path, inputs *in) {
+    memset(in, 0, sizeof *in);
+    megamoe_status st = megamoe_checkpoint_open(path, &in->file);
+    if (st) return cli_fail("%s", megamoe_checkpoint_last_error(in->file));
+    if (megamoe_checkpoint_find(in->file, "hidden_states", &in->x) ||
+        megamoe_checkpoint_find(in->file, "topk_ids", &in->ids) ||
+        megamoe_checkpoint_find(in->file, "topk_weights", &in->weights))
+        return cli_fail("%s: needs tensors hidden_states, topk_ids and topk_weights", path);
+    in->has_padding = megamoe_checkpoint_find(in->file, "is_padding", &in->padding) == MEGAMOE_OK;
+    if (in->x.ndim != 2 || in->x.dtype != MEGAMOE_DTYPE_BF16)
+        return cli_fail("%s: hidden_states must be [T, H] BF16, got %s with %d dims", path,
+                        megamoe_dtype_name(in->x.dtype), in->x.ndim);
+    in->T = (int)in->x.shape[0];
+    in->H = (int)in->x.shape[1];
+    if (in->ids.ndim != 2 || in->ids.dtype != MEGAMOE_DTYPE_I32 || in->ids.shape[0] != in->T)
+        return cli_fail("%s: topk_ids must be [T=%d, K] I32", path, in->T);
+    in->K = (int)in->ids.shape[1];
+    if (in->weights.ndim != 2 || in->weights.dtype != MEGAMOE_DTYPE_F32 || in->weights.shape[0] != in->T ||
+        in->weights.shape[1] != in->K)
+        return cli_fail("%s: topk_weights must be [T=%d, K=%d] F32", path, in->T, in->K);
+    if (in->has_padding && (in->padding.ndim != 1 || in->padding.shape[0] != in->T ||
+                            (in->padding.dtype != MEGAMOE_DTYPE_BOOL && in->padding.dtype != MEGAMOE_DTYPE_U8)))
+        return cli_fail("%s: is_padding must be [T=%d] BOOL", path, in->T);
+    return 0;
+}
+
+/* Copies a mapped tensor into aligned memory (mapped data need not be aligned). */
+static void *aligned_copy(const megamoe_tensor *t) {
+    size_t n = (size_t)megamoe_tensor_numel(t) * megamoe_dtype_size(t->dtype);
+    void *p = malloc(n ? n : 1);
+    if (p && n) memcpy(p, t->data, n);
+    return p;
+}
+
+int cmd_run(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"checkpoint", required_argument, 0, 'c'}, {"prefix", required_argument, 0, 'p'},
+        {"input", required_argument, 0, 'i'},      {"output", required_argument, 0, 'o'},
+        {"ranks", required_argument, 0, 'r'},      {"backend", required_argument, 0, 'b'},
+        {"threads", required_argument, 0, 't'},    {"max-tokens", required_argument, 0, 'm'},
+        {"norm-eps", required_argument, 0, 'e'},   {"norm-zero-centered", no_argument, 0, 'z'},
+        {"norm-gain-center", required_argument, 0, 'g'}, {"clamp", required_argument, 0, 'C'},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+    const char *ckpt = NULL, *prefix = "", *in_path = NULL, *out_path = NULL;
+    int ranks = 1, threads = 0, max_tokens = 0;
+    megamoe_backend backend = MEGAMOE_BACKEND_CPU;
+    megamoe_layer_config cfg;
+    megamoe_layer_config_init(&cfg);
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int ok = 1;
+        switch (c) {
+        case 'c': ckpt = optarg; break;
+        case 'p': prefix = optarg; break;
+        case 'i': in_path = optarg; break;
+        case 'o': out_path = optarg; break;
+        case 'r': ok = cli_parse_int(optarg, &ranks); break;
+        case 't': ok = cli_parse_int(optarg, &threads); break;
+        case 'm': ok = cli_parse_int(optarg, &max_tokens); break;
+        case 'e': ok = cli_parse_float(optarg, &cfg.norm_eps); break;
+        case 'z': cfg.norm_zero_centered = 1; break;
+        case 'g': ok = cli_parse_float(optarg, &cfg.norm_gain_center); break;
+        case 'C': ok = cli_parse_float(optarg, &cfg.activation_clamp); break;
+        case 'b':
+            if (strcmp(optarg, "cpu") == 0) backend = MEGAMOE_BACKEND_CPU;
+            else if (strcmp(optarg, "cuda") == 0) backend = MEGAMOE_BACKEND_CUDA;
+            else ok = 0;
+            break;
+        case 'h': fputs(k_run_help, stdout); return 0;
+        default: fputs(k_run_help, stderr); return 2;
+        }
+        if (!ok) return cli_fail("run: bad value '%s' for an option (see megamoe run --help)", optarg);
+    }
+    if (!ckpt || !in_path || !out_path || optind != argc) {
+        fputs(k_run_help, stderr);
+        return 2;
+    }
+    if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
+        return cli_fail("run: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA "
+                        "backend; use --backend cpu");
+
+    megamoe_checkpoint *ck = NULL;
+    inputs in;
+    memset(&in, 0, sizeof in);
+    cli_layer L = {0};
+    void *x = NULL, *ids = NULL, *w = NULL, *pad = NULL;
+    uint16_t *y = NULL;
+    int rc = 1;
+    megamoe_status st = megamoe_checkpoint_open(ckpt, &ck);
+    if (st) {
+        cli_fail("%s", megamoe_checkpoint_last_error(ck));
+        goto done;
+    }
+    megamoe_layer_info info;
+    st = megamoe_checkpoint_describe_layer(ck, prefix, &info);
+    if (st) {
+        cli_fail("%s: %s", ckpt, megamoe_checkpoint_last_error(ck));
+        goto done;
+    }
+    if (open_inputs(in_path, &in)) goto done;
+    if (in.H != info.hidden_size) {
+        cli_fail("%s: hidden_states has H=%d but the layer '%s' has H=%d", in_path, in.H, info.prefix,
+                 info.hidden_size);
+        goto done;
+    }
+    if (ranks < 1) {
+        cli_fail("run: --ranks must be >= 1");
+        goto done;
+    }
+    const int chunk = (in.T + ranks - 1) / ranks;
+    cfg.name = info.prefix[0] ? info.prefix : "moe";
+    cfg.num_experts = info.num_experts;
+    cfg.top_k = in.K;
+    cfg.hidden_size = info.hidden_size;
+    cfg.intermediate_size = info.intermediate_size;
+    cfg.format = info.format;
+    cfg.max_tokens = max_tokens > 0 ? max_tokens : (chunk > 0 ? chunk : 1);
+    if (cli_layer_create(backend, ranks, threads, &cfg, &L)) goto done;
+    st = megamoe_layer_load_checkpoint(L.layer, ck, info.prefix, cli_progress, NULL);
+    if (st == MEGAMOE_OK) st = megamoe_layer_finalize(L.layer);
+    if (st) {
+        cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
+        goto done;
+    }
+    x = aligned_copy(&in.x);
+    ids = aligned_copy(&in.ids);
+    w = aligned_copy(&in.weights);
+    pad = in.has_padding ? aligned_copy(&in.padding) : NULL;
+    y = malloc((size_t)in.T * (size_t)in.H * 2 + 2);
+    if (!x || !ids || !w || !y || (in.has_padding && !pad)) {
+        cli_fail("out of memory");
+        goto done;
+    }
+    st = cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y);
+    if (st) {
+        cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
+        goto done;
+    }
+    megamoe_named_tensor out = {"y", {MEGAMOE_DTYPE_BF16, 2, {in.T, in.H}, y}};
+    char err[1024];
+    st = megamoe_safetensors_write(out_path, &out, 1, err, sizeof err);
+    if (st) {
+        cli_fail("%s", err);
+        goto done;
+    }
+    rc = 0;
+done:
+    free(x), free(ids), free(w), free(pad), free(y);
+    cli_layer_destroy(&L);
+    megamoe_checkpoint_close(in.file);
+    megamoe_checkpoint_close(ck);
+    return rc;
+}
+
+/* ---- inspect -------------------------------------------------------------------------------- */
+
+static const char k_inspect_help[] =
+    "usage: megamoe inspect PATH [--tensors]\n"
+    "\n"
+    "Shows what a checkpoint holds: its files, its MoE layers (naming style, format, E, H, I,\n"
+    "post-expert norm, bytes) and, with --tensors, every tensor's dtype and shape.\n";
+
+int cmd_inspect(int argc, char **argv) {
+    static const struct option opts[] = {{"tensors", no_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int list = 0, c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 't') list = 1;
+        else if (c == 'h') return fputs(k_inspect_help, stdout), 0;
+        else return fputs(k_inspect_help, stderr), 2;
+    }
+    if (optind != argc - 1) return fputs(k_inspect_help, stderr), 2;
+    megamoe_checkpoint *ck = NULL;
+    megamoe_status st = megamoe_checkpoint_open(argv[optind], &ck);
+    if (st) {
+        cli_fail("%s", megamoe_checkpoint_last_error(ck));
+        megamoe_checkpoint_close(ck);
+        return 1;
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < megamoe_checkpoint_num_tensors(ck); i++) {
+        megamoe_tensor t;
+        megamoe_checkpoint_tensor(ck, i, NULL, &t);
+        total += (uint64_t)megamoe_tensor_numel(&t) * megamoe_dtype_size(t.dtype);
+    }
+    printf("%s: %d file%s, %d tensors, %.3f MB\n", argv[optind], megamoe_checkpoint_num_files(ck),
+           megamoe_checkpoint_num_files(ck) == 1 ? "" : "s", megamoe_checkpoint_num_tensors(ck), (double)total / 1e6);
+    int found = 0;
+    st = megamoe_checkpoint_find_layers(ck, NULL, 0, &found);
+    megamoe_layer_info *infos = found > 0 ? calloc((size_t)found, sizeof *infos) : NULL;
+    if (st == MEGAMOE_OK && found > 0) st = infos ? megamoe_checkpoint_find_layers(ck, infos, found, &found) : MEGAMOE_ERR_OUT_OF_MEMORY;
+    if (st) {
+        cli_fail("%s", megamoe_checkpoint_last_error(ck));
+        free(infos);
+        megamoe_checkpoint_close(ck);
+        return 1;
+    }
+    printf("%d MoE layer%s\n", found, found == 1 ? "" : "s");
+    for (int i = 0; i < found; i++) {
+        const megamoe_layer_info *li = &infos[i];
+        printf("  %-40s %-5s %-18s E=%d H=%d I=%d norm=%s %.3f MB\n", li->prefix[0] ? li->prefix : "(no prefix)",
+               format_name(li->format), naming_name(li->naming), li->num_experts, li->hidden_size,
+               li->intermediate_size, li->has_norm ? "yes" : "no", (double)li->bytes / 1e6);
+    }
+    if (list) {
+        for (int i = 0; i < megamoe_checkpoint_num_tensors(ck); i++) {
+            const char *name;
+            megamoe_tensor t;
+            megamoe_checkpoint_tensor(ck, i, &name, &t);
+            printf("  %-60s %-8s [", name, megamoe_dtype_name(t.dtype));
+            for (int d = 0; d < t.ndim; d++) printf(d ? ", %lld" : "%lld", (long long)t.shape[d]);
+            printf("]\n");
+        }
+    }
+    free(infos);
+    megamoe_checkpoint_close(ck);
+    return 0;
+}
+
+/* ---- quantize ------------------------------------------------------------------------------- */
+
+static const char k_quantize_help[] =
+    "usage: megamoe quantize IN OUT [--calib-tokens N] [--seed S] [--clamp C]\n"
+    "\n"
+    "Converts the BF16 expert weights of a checkpoint (stacked or per expert) to NVFP4 in the\n"
+    "per-expert naming, ModelOpt-style: global scale amax/(6*448) per tensor, E4M3 block scales\n"
+    "per 16, E2M1 codes rounded to nearest even. Every other tensor is copied unchanged.\n"
+    "IN is a file (OUT becomes a file) or a folder (OUT becomes a folder with an index).\n"
+    "\n"
+    "The static input scales (input_scale) need activation statistics a weight file does not\n"
+    "hold: they are estimated from N seeded random N(0,1) tokens run through each BF16 expert\n"
+    "(default N=64). For production, calibrate on real data with your quantization toolkit.\n";
+
+int cmd_quantize(int argc, char **argv) {
+    static const struct option opts[] = {{"calib-tokens", required_argument, 0, 'n'},
+                                         {"seed", required_argument, 0, 's'},
+                                         {"clamp", required_argument, 0, 'C'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    megamoe_quantize_options o;
+    megamoe_quantize_options_init(&o);
+    o.progress = cli_progress;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int ok = 1;
+        switch (c) {
+        case 'n': ok = cli_parse_int(optarg, &o.calib_tokens) && o.calib_tokens > 0; break;
+        case 's': ok = cli_parse_u64(optarg, &o.calib_seed); break;
+        case 'C': ok = cli_parse_float(optarg, &o.activation_clamp); break;
+        case 'h': fputs(k_quantize_help, stdout); return 0;
+        default: fputs(k_quantize_help, stderr); return 2;
+        }
+        if (!ok) return cli_fail("quantize: bad value '%s' (see megamoe quantize --help)", optarg);
+    }
+    if (optind != argc - 2) return fputs(k_quantize_help, stderr), 2;
+    char err[1024];
+    megamoe_status st = megamoe_quantize_checkpoint(argv[optind], argv[optind + 1], &o, err, sizeof err);
+    if (st) return cli_fail("quantize: %s: %s", megamoe_status_string(st), err);
+    fprintf(stderr, "wrote %s\n", argv[optind + 1]);
+    return 0;
+}
