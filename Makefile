@@ -3,6 +3,10 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# The tests' Python references run in the venv scripts/install-deps.sh makes.
+ifneq ($(wildcard .venv/bin/python),)
+CMAKE_FLAGS += -DPython3_EXECUTABLE=$(CURDIR)/.venv/bin/python
+endif
 
 .PHONY: all build demo test test-sanitize fuzz clean format
 
