@@ -65,8 +65,16 @@ static void decode_bf16_row(const uint16_t *in, int n, float *out) {
     for (int i = 0; i < n; i++) out[i] = mm_bf16_to_f32(in[i]);
 }
 
+/* NOTE: cloned for wider vector units; -ffp-contract=off keeps every clone's arithmetic identical
+ * (the same lanes, the same adds, no FMA), so the result does not depend on the machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MM_VECTOR_CLONES
+#endif
+
 /* Fixed-order f32 dot products of four weight rows w[4][n] with one vector x[n] (n % 8 == 0). */
-static void dot4(const float *w0, const float *w1, const float *w2, const float *w3, const float *x,
+MM_VECTOR_CLONES static void dot4(const float *w0, const float *w1, const float *w2, const float *w3, const float *x,
                  int n, float out[4]) {
     float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
     for (int k = 0; k < n; k += 8) {
