@@ -24,7 +24,7 @@ test: build
 
 # The CPU suite under AddressSanitizer and UndefinedBehaviorSanitizer.
 test-sanitize:
-	cmake -S . -B $(ASAN_BUILD) -DMEGAMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS) >/dev/null
+	cmake -S . -B $(ASAN_BUILD) -DMEGAMOE_SANITIZE=ON -DMEGAMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE nosan
 

@@ -224,12 +224,17 @@ typedef struct megamoe_forward_args {
  * Runs the layer: args[i] is local rank i's input (megamoe_group_local_ranks() entries). `stream` is
  * the cudaStream_t to enqueue on (CUDA/NCCL; NULL = the default stream) and is ignored by the CPU.
  * T > T_max on any rank is refused before anything runs. An expert id outside [-1, E) is skipped and
- * reported as MEGAMOE_ERR_BAD_INPUT after y was written for every token (the CPU reports it from this
- * call; a device backend from this call or the next, since the ids are only read on the device).
+ * reported as MEGAMOE_ERR_BAD_INPUT after y was written for every token: the CPU backend from this
+ * call, a device backend (which reads the ids on the device only) from megamoe_layer_check().
  * Collective over the EP group: every rank calls it, in the same layer order.
  */
 megamoe_status megamoe_layer_forward(megamoe_layer *layer, const megamoe_forward_args *args,
                                      void *stream);
+
+/* Waits for the layer's last forward and returns the error its device kernels found (bad expert
+ * ids), with the detail in megamoe_layer_last_error(). The CPU backend reports those from
+ * megamoe_layer_forward itself, so this returns MEGAMOE_OK there. */
+megamoe_status megamoe_layer_check(megamoe_layer *layer);
 
 typedef struct megamoe_memory_info {
     uint64_t weight_bytes;        /* resident kernel-layout weights of all local ranks         */

@@ -98,6 +98,8 @@ int64_t megamoe_tensor_numel(const megamoe_tensor *t) {
 
 /* ---- Group --------------------------------------------------------------------------------------- */
 
+static void free_buffer_storage(megamoe_group *group, mm_buffer *b);
+
 void megamoe_group_config_init(megamoe_group_config *config) {
     memset(config, 0, sizeof *config);
     config->backend = MEGAMOE_BACKEND_CPU;
@@ -105,7 +107,9 @@ void megamoe_group_config_init(megamoe_group_config *config) {
 }
 
 int megamoe_backend_available(megamoe_backend backend) {
-    return backend == MEGAMOE_BACKEND_CPU;
+    if (backend == MEGAMOE_BACKEND_CPU) return 1;
+    if (backend == MEGAMOE_BACKEND_CUDA) return mm_cuda_available();
+    return 0;
 }
 
 megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_group **out) {
@@ -118,12 +122,11 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     g->config = *config;
-    if (config->backend == MEGAMOE_BACKEND_CUDA || config->backend == MEGAMOE_BACKEND_NCCL) {
-        mm_set_error(g->error, "the %s backend is not available in this build",
-                     config->backend == MEGAMOE_BACKEND_CUDA ? "CUDA" : "NCCL");
+    if (config->backend == MEGAMOE_BACKEND_NCCL) {
+        mm_set_error(g->error, "the NCCL backend is not available in this build");
         return MEGAMOE_ERR_UNSUPPORTED;
     }
-    if (config->backend != MEGAMOE_BACKEND_CPU) {
+    if (config->backend != MEGAMOE_BACKEND_CPU && config->backend != MEGAMOE_BACKEND_CUDA) {
         mm_set_error(g->error, "unknown backend %d", (int)config->backend);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
@@ -138,6 +141,10 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
     g->world_size = config->num_ranks;
     g->local_ranks = config->num_ranks;
     g->first_rank = 0;
+    if (config->backend == MEGAMOE_BACKEND_CUDA) {
+        megamoe_status st = mm_cuda_group_init(g);
+        if (st != MEGAMOE_OK) return st;
+    }
 #ifdef _OPENMP
     g->num_threads = config->num_threads > 0 ? config->num_threads : omp_get_num_procs();
 #else
@@ -152,10 +159,9 @@ void megamoe_group_destroy(megamoe_group *group) {
     while (group->buffers) {
         mm_buffer *b = group->buffers;
         group->buffers = b->next;
-        for (int r = 0; r < group->local_ranks; r++) free(b->rank_base[r]);
-        free(b->rank_base);
-        free(b);
+        free_buffer_storage(group, b);
     }
+    if (group->device) mm_cuda_group_fini(group);
     free(group);
 }
 
@@ -176,9 +182,11 @@ megamoe_backend megamoe_group_backend(const megamoe_group *group) {
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, mm_buffer_layout *l) {
+void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int device, int num_ranks,
+                              int experts_per_rank, int intermediate_size, mm_buffer_layout *l) {
     const uint64_t T = (uint64_t)max_tokens, K = (uint64_t)top_k, H = (uint64_t)hidden_size;
     const uint64_t A = 256; /* every region starts on a 256-byte boundary */
+    memset(l, 0, sizeof *l);
     uint64_t off = 0;
     l->num_tokens = off;
     off = A;
@@ -198,8 +206,31 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, mm_buf
     off = align_up(nvfp4_end > bf16_end ? nvfp4_end : bf16_end, A);
     l->p = off;
     off = align_up(off + T * K * H * 4, A);
+    if (device) {
+        const uint64_t R = (uint64_t)num_ranks, Er = (uint64_t)experts_per_rank, I = (uint64_t)intermediate_size;
+        const uint64_t slots = R * T * K;
+        l->max_tiles = (int)(Er + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+        l->slots = off;
+        off = align_up(off + slots * 4, A);
+        l->expert_count = off;
+        off = align_up(off + Er * 4, A);
+        l->expert_offset = off;
+        off = align_up(off + (Er + 1) * 4, A);
+        l->num_tiles = off;
+        off = align_up(off + 4, A);
+        l->tile_expert = off;
+        off = align_up(off + (uint64_t)l->max_tiles * 4, A);
+        l->tile_start = off;
+        off = align_up(off + (uint64_t)l->max_tiles * 4, A);
+        l->act = off;
+        off = align_up(off + slots * I * 2, A);
+        l->error = off;
+        off = align_up(off + 16, A);
+    }
     l->total = off;
 }
+
+static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
 
 /* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */
 megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens,
@@ -215,8 +246,14 @@ megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts,
                      top_k, hidden_size);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
+    if (num_experts < group->world_size || intermediate_size < 1) {
+        mm_set_error(group->error, "buffer size: E=%d and I=%d must be positive, E >= R", num_experts,
+                     intermediate_size);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
     mm_buffer_layout l;
-    mm_buffer_layout_compute(max_tokens, top_k, hidden_size, &l);
+    mm_buffer_layout_compute(max_tokens, top_k, hidden_size, is_device(group), group->world_size,
+                             num_experts / group->world_size, intermediate_size, &l);
     *bytes = l.total;
     return MEGAMOE_OK;
 }
@@ -234,11 +271,25 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
     mm_buffer *b = calloc(1, sizeof *b);
     if (!b) return MEGAMOE_ERR_OUT_OF_MEMORY;
     memcpy(b->key, key, sizeof key);
-    mm_buffer_layout_compute(c->max_tokens, c->top_k, c->hidden_size, &b->layout);
+    mm_buffer_layout_compute(c->max_tokens, c->top_k, c->hidden_size, is_device(group), group->world_size,
+                             c->num_experts / group->world_size, c->intermediate_size, &b->layout);
     b->rank_base = calloc((size_t)group->local_ranks, sizeof *b->rank_base);
     if (!b->rank_base) {
         free(b);
         return MEGAMOE_ERR_OUT_OF_MEMORY;
+    }
+    if (is_device(group)) {
+        megamoe_status st = mm_cuda_buffer_alloc(group, b);
+        if (st != MEGAMOE_OK) {
+            free(b->rank_base);
+            free(b);
+            return st;
+        }
+        b->refs = 1;
+        b->next = group->buffers;
+        group->buffers = b;
+        *out = b;
+        return MEGAMOE_OK;
     }
     for (int r = 0; r < group->local_ranks; r++) {
         b->rank_base[r] = aligned_alloc(256, (size_t)b->layout.total);
@@ -256,6 +307,14 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
     return MEGAMOE_OK;
 }
 
+static void free_buffer_storage(megamoe_group *group, mm_buffer *b) {
+    if (is_device(group)) mm_cuda_buffer_free(group, b);
+    else
+        for (int r = 0; r < group->local_ranks; r++) free(b->rank_base[r]);
+    free(b->rank_base);
+    free(b);
+}
+
 void mm_group_release_buffer(megamoe_group *group, mm_buffer *buffer) {
     if (!buffer || --buffer->refs > 0) return;
     for (mm_buffer **p = &group->buffers; *p; p = &(*p)->next) {
@@ -264,7 +323,5 @@ void mm_group_release_buffer(megamoe_group *group, mm_buffer *buffer) {
             break;
         }
     }
-    for (int r = 0; r < group->local_ranks; r++) free(buffer->rank_base[r]);
-    free(buffer->rank_base);
-    free(buffer);
+    free_buffer_storage(group, buffer);
 }

@@ -34,18 +34,34 @@ typedef struct mm_buffer_layout {
     uint64_t x_sf;           /* NVFP4 view: [T_max, H/16] e4m3 block scales                        */
     uint64_t x_scale;        /* NVFP4 view: [T_max] f32 per-token scale s                          */
     uint64_t p;              /* [T_max, K, H] f32 expert outputs (after the norm), by slot        */
+    /* Device backends only (0 bytes on the CPU): the routing of tokens to this rank's experts. */
+    uint64_t slots;          /* [R*T_max*K] i32 slot codes (src*T_max + t)*K + k, grouped by expert */
+    uint64_t expert_count;   /* [E_r] i32 slots routed to each local expert                        */
+    uint64_t expert_offset;  /* [E_r+1] i32 where each expert's slots start                        */
+    uint64_t num_tiles;      /* i32: token tiles of this forward                                   */
+    uint64_t tile_expert;    /* [max_tiles] i32 local expert of each token tile                    */
+    uint64_t tile_start;     /* [max_tiles] i32 first slot (within the expert) of each tile        */
+    uint64_t act;            /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
+    uint64_t error;          /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
+    int max_tiles;           /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
     uint64_t total;          /* bytes per rank                                                     */
 } mm_buffer_layout;
 
+#define MM_TILE_TOKENS 64 /* tokens per tile of the device expert GEMMs */
+
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 
-void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, mm_buffer_layout *layout);
+/* The byte layout of one rank's buffer. `device` adds the routing and activation regions a device
+ * backend needs (they depend on R, E_r and I too). */
+void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int device, int num_ranks,
+                              int experts_per_rank, int intermediate_size, mm_buffer_layout *layout);
 
 typedef struct mm_buffer {
     int key[5];                /* E, T_max, K, H, I                                       */
     int refs;                  /* layers using it                                          */
     mm_buffer_layout layout;
     void **rank_base;          /* [local ranks] base address of each rank's buffer          */
+    void *peer_table;          /* device backends: device array of the ranks' base addresses */
     struct mm_buffer *next;
 } mm_buffer;
 
@@ -58,6 +74,7 @@ struct megamoe_group {
     int first_rank;            /* global rank of local rank 0                */
     int num_threads;           /* resolved CPU worker count                  */
     mm_buffer *buffers;        /* communication buffers, one per shape       */
+    void *device;              /* the CUDA backend's state, NULL on the CPU  */
     char error[MM_ERR_LEN];
 };
 
@@ -99,6 +116,7 @@ struct megamoe_layer {
     int finalized;
     uint64_t finalize_peak_bytes;
     mm_buffer *buffer;
+    void *device;               /* the CUDA backend's weights, NULL on the CPU */
     char error[MM_ERR_LEN];
 };
 
@@ -112,6 +130,19 @@ megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const 
 /* ---- Backends -------------------------------------------------------------------------------------- */
 
 megamoe_status mm_cpu_forward(megamoe_layer *layer, const megamoe_forward_args *args);
+
+/* The CUDA backend (src/cuda/; src/cuda/stub.c when the build has no CUDA compiler). */
+int mm_cuda_available(void);
+megamoe_status mm_cuda_group_init(megamoe_group *group);
+void mm_cuda_group_fini(megamoe_group *group);
+megamoe_status mm_cuda_buffer_alloc(megamoe_group *group, mm_buffer *buffer);
+void mm_cuda_buffer_free(megamoe_group *group, mm_buffer *buffer);
+/* Uploads the weights into the kernel layout and frees the host copies. */
+megamoe_status mm_cuda_layer_finalize(megamoe_layer *layer);
+void mm_cuda_layer_free(megamoe_layer *layer);
+uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *layer);
+megamoe_status mm_cuda_forward(megamoe_layer *layer, const megamoe_forward_args *args, void *stream);
+megamoe_status mm_cuda_layer_check(megamoe_layer *layer);
 
 /* ---- Checkpoint internals (exposed for the fuzzer and the tests) ---------------------------------- */
 

@@ -185,6 +185,7 @@ megamoe_status megamoe_layer_create(megamoe_group *group, const megamoe_layer_co
 
 void megamoe_layer_destroy(megamoe_layer *layer) {
     if (!layer) return;
+    if (layer->device) mm_cuda_layer_free(layer);
     if (layer->buffer) mm_group_release_buffer(layer->group, layer->buffer);
     if (layer->ranks) {
         for (int r = 0; r < layer->group->local_ranks; r++) free_rank_weights(&layer->ranks[r]);
@@ -519,6 +520,16 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
                                                 : l->norm_weight[h];
         l->norm_gamma = g;
     }
+    if (l->group->config.backend == MEGAMOE_BACKEND_CUDA) {
+        megamoe_status st = mm_cuda_layer_finalize(l);
+        if (st != MEGAMOE_OK) {
+            free(l->norm_gamma);
+            l->norm_gamma = NULL;
+            return st;
+        }
+        l->finalized = 1;
+        return MEGAMOE_OK;
+    }
     /* The CPU backend reads the checkpoint layout as its kernel layout: nothing to repack or free,
      * so the peak is the resident size. */
     l->finalize_peak_bytes = mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank *
@@ -549,7 +560,14 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x, topk_ids, topk_weights and y must not be NULL", rank);
     }
+    if (l->group->config.backend == MEGAMOE_BACKEND_CUDA) return mm_cuda_forward(l, args, stream);
     return mm_cpu_forward(l, args);
+}
+
+megamoe_status megamoe_layer_check(megamoe_layer *l) {
+    if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    if (l->group->config.backend == MEGAMOE_BACKEND_CUDA && l->finalized) return mm_cuda_layer_check(l);
+    return MEGAMOE_OK;
 }
 
 megamoe_status megamoe_layer_memory(const megamoe_layer *l, megamoe_memory_info *info) {
@@ -557,8 +575,9 @@ megamoe_status megamoe_layer_memory(const megamoe_layer *l, megamoe_memory_info 
     memset(info, 0, sizeof *info);
     const uint64_t all = mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank *
                          (uint64_t)l->group->local_ranks;
-    if (l->finalized) info->weight_bytes = all;
-    else info->checkpoint_bytes = all;
+    if (!l->finalized) info->checkpoint_bytes = all;
+    else if (l->device) info->weight_bytes = mm_cuda_layer_resident_bytes(l);
+    else info->weight_bytes = all;
     info->finalize_peak_bytes = l->finalize_peak_bytes;
     info->buffer_bytes = l->buffer ? l->buffer->layout.total : 0;
     return MEGAMOE_OK;

@@ -211,21 +211,6 @@ static void test_finalize_and_forward_order(void **state) {
     tu_model_free(&m);
 }
 
-/* The inputs every edge-case test uses: -1 slots, duplicates, a token with no valid slot, padding
- * (with a NaN x that must be ignored), a non-finite token, negative weights. */
-static void edge_inputs(tu_inputs *in, int T, const megamoe_layer_config *c, uint64_t seed) {
-    tu_inputs_random(in, T, c->top_k, c->hidden_size, c->num_experts, seed);
-    const int K = c->top_k, H = c->hidden_size;
-    in->ids[1 * K + 2] = -1;
-    in->ids[2 * K + 0] = in->ids[2 * K + 1];          /* duplicate id in a row */
-    for (int k = 0; k < K; k++) in->ids[3 * K + k] = -1; /* no valid slot: zero row */
-    in->padding[4] = 1;
-    in->x[4 * H + 7] = 0x7FC0;                          /* padding ignores its NaN */
-    in->x[5 * H + 100] = 0x7F80;                        /* +inf: NaN row */
-    in->x[6 * H + 0] = 0xFFC0;                          /* NaN: NaN row */
-    for (int h = 0; h < H; h++) in->x[7 * H + h] = 0;   /* all-zero token: s = 1 */
-}
-
 static void check_edge_rows(const tu_inputs *in, const uint16_t *y) {
     const int H = in->H;
     for (int t = 0; t < in->T; t++) {
@@ -247,7 +232,7 @@ static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp
     tu_model_random(&m, &c, with_norm, 21 + f);
     const int T = 37; /* not a multiple of any R */
     tu_inputs in;
-    edge_inputs(&in, T, &c, 99);
+    tu_inputs_edge_cases(&in, T, &c, 99);
     uint16_t *y[3];
     const int Rs[3] = {1, 2, 4};
     for (int i = 0; i < 3; i++) {

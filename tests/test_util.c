@@ -147,6 +147,20 @@ void tu_inputs_random(tu_inputs *in, int T, int K, int H, int E, uint64_t seed) 
     memset(in->padding, 0, (size_t)T);
 }
 
+void tu_inputs_edge_cases(tu_inputs *in, int T, const megamoe_layer_config *c, uint64_t seed) {
+    tu_inputs_random(in, T, c->top_k, c->hidden_size, c->num_experts, seed);
+    const int K = c->top_k, H = c->hidden_size;
+    if (T < 8) return;
+    in->ids[1 * K + (K - 1)] = -1;
+    if (K >= 2) in->ids[2 * K + 0] = in->ids[2 * K + 1];
+    for (int k = 0; k < K; k++) in->ids[3 * K + k] = -1;
+    in->padding[4] = 1;
+    in->x[4 * H + 7] = 0x7FC0;
+    in->x[5 * H + 100] = 0x7F80;
+    in->x[6 * H + 0] = 0xFFC0;
+    for (int h = 0; h < H; h++) in->x[7 * H + h] = 0;
+}
+
 void tu_inputs_free(tu_inputs *in) {
     free(in->x), free(in->ids), free(in->weights), free(in->padding);
 }

@@ -46,6 +46,9 @@ typedef struct tu_inputs {
 
 void tu_inputs_random(tu_inputs *in, int T, int K, int H, int E, uint64_t seed);
 void tu_inputs_free(tu_inputs *in);
+/* Random inputs with the edge cases in tokens 1-7 (T >= 8): -1 slot (1), duplicate ids (2), no valid
+ * slot (3), padding with a NaN x (4), +inf (5) and NaN (6) tokens, an all-zero token (7). */
+void tu_inputs_edge_cases(tu_inputs *in, int T, const megamoe_layer_config *c, uint64_t seed);
 
 /* Runs the layer with the T tokens split over the group's R ranks in contiguous chunks. y is
  * poisoned (0xFFFF) first. */

@@ -1,0 +1,101 @@
+/*
+ * common.cuh -- what the CUDA backend's kernels and their host side share: the shape of a forward,
+ * a rank's device weights, launch checking, and small device helpers.
+ */
+#ifndef MEGAMOE_CUDA_COMMON_CUH
+#define MEGAMOE_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../internal.h"
+}
+#include "../formats.h"
+
+/* The sizes one forward's kernels need, by value. */
+struct mm_dev_shape {
+    int R;          /* ranks in the group (all local: one process drives them)  */
+    int E, E_r, K;  /* experts, experts per rank, top-k                          */
+    int H, I;       /* hidden and intermediate sizes                             */
+    int T_max;
+    int nvfp4;      /* 1: NVFP4 weights and activations, 0: BF16                 */
+    int has_norm;
+    float clamp;    /* 0 = off */
+    float eps;
+};
+
+/* One rank's weights on the device (checkpoint layout, see mm_rank_weights). */
+struct mm_dev_weights {
+    const uint8_t *w13, *w13_sf; /* [E_r, 2I, H/2], [E_r, 2I, H/16] */
+    const uint8_t *w2, *w2_sf;   /* [E_r, H, I/2],  [E_r, H, I/16]  */
+    const float *w13_alpha;      /* [E_r, 2] */
+    const float *w2_alpha;       /* [E_r]    */
+    const float *w2_in;          /* [E_r]    a2 */
+    const uint16_t *w13_bf16;    /* [E_r, 2I, H] */
+    const uint16_t *w2_bf16;     /* [E_r, H, I]  */
+};
+
+/* One rank's forward arguments (device pointers of the caller). */
+struct mm_dev_rank_args {
+    int T;
+    const uint16_t *x;
+    const int32_t *ids;
+    const float *weights;
+    const uint8_t *padding;
+    uint16_t *y;
+};
+
+#define MM_CUDA_TRY(call)                                                                          \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess) return mm_cuda_error(err_, #call, __FILE__, __LINE__);            \
+    } while (0)
+
+/* Records a CUDA failure as a message for the caller's handle (set by the host side). */
+megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line);
+/* The message of the last mm_cuda_error (host side, per thread). */
+const char *mm_cuda_last_message(void);
+
+/* Launchers: one per kernel; each takes the stream, launches, checks the launch. */
+megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
+                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a, cudaStream_t s);
+megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                 cudaStream_t s);
+megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                       const mm_dev_weights *weights, cudaStream_t s);
+megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
+                                   const float *gamma, const mm_dev_rank_args &a, cudaStream_t s);
+
+/* Block-wide reductions over blockDim.x threads (a multiple of 32, at most 1024). */
+__device__ __forceinline__ float mm_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ float mm_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+/* Sum in a fixed order (lanes, then warps in order): the same inputs give the same bits. */
+__device__ __forceinline__ float mm_block_sum(float v, float *scratch /* [32] */) {
+    v = mm_warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < nwarps; w++) total += scratch[w];
+    return total;
+}
+__device__ __forceinline__ float mm_block_max(float v, float *scratch /* [32] */) {
+    v = mm_warp_max(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float m = 0.0f;
+    for (int w = 0; w < nwarps; w++) m = fmaxf(m, scratch[w]);
+    return m;
+}
+
+#endif /* MEGAMOE_CUDA_COMMON_CUH */

@@ -1,0 +1,28 @@
+/*
+ * stub.c -- the CUDA backend's entry points in a build without a CUDA compiler: every call says so.
+ */
+#include <stdio.h>
+
+#include "../internal.h"
+
+int mm_cuda_available(void) { return 0; }
+
+megamoe_status mm_cuda_group_init(megamoe_group *g) {
+    mm_set_error(g->error, "this build of megamoe has no CUDA backend (no CUDA compiler was found)");
+    return MEGAMOE_ERR_UNSUPPORTED;
+}
+
+void mm_cuda_group_fini(megamoe_group *g) { (void)g; }
+megamoe_status mm_cuda_buffer_alloc(megamoe_group *g, mm_buffer *b) {
+    (void)g, (void)b;
+    return MEGAMOE_ERR_UNSUPPORTED;
+}
+void mm_cuda_buffer_free(megamoe_group *g, mm_buffer *b) { (void)g, (void)b; }
+megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) { return mm_layer_fail(l, MEGAMOE_ERR_UNSUPPORTED, "no CUDA backend"); }
+void mm_cuda_layer_free(megamoe_layer *l) { (void)l; }
+uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *l) { (void)l; return 0; }
+megamoe_status mm_cuda_forward(megamoe_layer *l, const megamoe_forward_args *a, void *s) {
+    (void)a, (void)s;
+    return mm_layer_fail(l, MEGAMOE_ERR_UNSUPPORTED, "no CUDA backend");
+}
+megamoe_status mm_cuda_layer_check(megamoe_layer *l) { (void)l; return MEGAMOE_OK; }

@@ -1,0 +1,332 @@
+/*
+ * test_gpu.c -- the CUDA backend against the CPU backend on fresh random data. Exits 77 (ctest:
+ * skipped, and said so) when this machine has no usable sm_90 GPU or the build has no CUDA.
+ *   - quantized activation bytes bit-identical to the CPU's;
+ *   - y within relative L2 1e-3 of the CPU over a grid of shapes (T = 1, T not a multiple of the
+ *     tile, T = T_max, experts with no tokens, all tokens on one expert, -1 slots, padding, NaN/Inf
+ *     tokens, K = 1 and 8, E from 8 to 256, H/I at 256 and at 7168/2048), NaN and zero rows exact;
+ *   - y bitwise identical for R = 1, 2, 4, 8 ranks on one GPU;
+ *   - a forward captured in a CUDA graph and replayed on new inputs;
+ *   - bad expert ids reported by megamoe_layer_check; memory accounting.
+ * Outputs are poisoned (0xFFFF) before every run so unwritten elements are caught.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "internal.h"
+#include "test_util.h"
+
+#define CK(call)                                                                                     \
+    do {                                                                                             \
+        cudaError_t e_ = (call);                                                                     \
+        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));                    \
+    } while (0)
+
+/* Device copies of a tu_inputs and a y buffer. */
+typedef struct dev_inputs {
+    uint16_t *x, *y;
+    int32_t *ids;
+    float *w;
+    uint8_t *pad;
+} dev_inputs;
+
+static void dev_upload(dev_inputs *d, const tu_inputs *in) {
+    const size_t T = (size_t)in->T, H = (size_t)in->H, K = (size_t)in->K;
+    CK(cudaMalloc((void **)&d->x, T * H * 2 + 16));
+    CK(cudaMalloc((void **)&d->y, T * H * 2 + 16));
+    CK(cudaMalloc((void **)&d->ids, T * K * 4 + 16));
+    CK(cudaMalloc((void **)&d->w, T * K * 4 + 16));
+    CK(cudaMalloc((void **)&d->pad, T + 16));
+    CK(cudaMemcpy(d->x, in->x, T * H * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->ids, in->ids, T * K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->w, in->weights, T * K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->pad, in->padding, T, cudaMemcpyHostToDevice));
+}
+
+static void dev_free(dev_inputs *d) {
+    cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
+}
+
+static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamoe_group **g, megamoe_layer **l) {
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.backend = backend;
+    gc.num_ranks = R;
+    megamoe_status st = megamoe_group_create(&gc, g);
+    if (st) fail_msg("group: %s", megamoe_group_last_error(*g));
+    st = megamoe_layer_create(*g, &m->cfg, l);
+    if (st == MEGAMOE_OK) st = tu_model_load(m, *l);
+    if (st == MEGAMOE_OK) st = megamoe_layer_finalize(*l);
+    if (st) fail_msg("layer: %s", megamoe_layer_last_error(*l));
+}
+
+/* Splits the tokens over the R ranks like tu_forward, with device pointers. */
+static megamoe_status gpu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, const dev_inputs *d,
+                                  cudaStream_t s) {
+    const int R = megamoe_group_local_ranks(g), T = in->T, chunk = (T + R - 1) / R;
+    megamoe_forward_args args[72];
+    for (int r = 0; r < R; r++) {
+        const int t0 = r * chunk < T ? r * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
+        args[r] = (megamoe_forward_args){t1 - t0, d->x + (size_t)t0 * in->H, d->ids + (size_t)t0 * in->K,
+                                         d->w + (size_t)t0 * in->K, d->pad + t0, d->y + (size_t)t0 * in->H};
+    }
+    return megamoe_layer_forward(l, args, s);
+}
+
+static uint16_t *gpu_run(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, dev_inputs *d) {
+    const size_t n = (size_t)in->T * in->H;
+    CK(cudaMemset(d->y, 0xFF, n * 2 + 2));
+    megamoe_status st = gpu_forward(g, l, in, d, NULL);
+    if (st) fail_msg("forward: %s", megamoe_layer_last_error(l));
+    st = megamoe_layer_check(l);
+    if (st) fail_msg("check: %s", megamoe_layer_last_error(l));
+    uint16_t *y = malloc(n * 2 + 2);
+    CK(cudaMemcpy(y, d->y, n * 2, cudaMemcpyDeviceToHost));
+    return y;
+}
+
+/* y_gpu against y_cpu: same NaN rows, exact zero rows, every element written, rel L2 <= 1e-3. */
+static double compare(const tu_inputs *in, const uint16_t *y_gpu, const uint16_t *y_cpu, const char *what) {
+    const int H = in->H;
+    double num = 0, den = 0;
+    for (int t = 0; t < in->T; t++) {
+        int cpu_nan = 0, gpu_nan = 0, cpu_zero = 1;
+        for (int h = 0; h < H; h++) {
+            const uint16_t a = y_gpu[(size_t)t * H + h], b = y_cpu[(size_t)t * H + h];
+            if (a == 0xFFFF) fail_msg("%s: token %d element %d was not written", what, t, h);
+            cpu_nan |= (b & 0x7FFF) > 0x7F80;
+            gpu_nan |= (a & 0x7FFF) > 0x7F80;
+            cpu_zero &= (b & 0x7FFF) == 0;
+        }
+        if (cpu_nan != gpu_nan) fail_msg("%s: token %d NaN row on %s only", what, t, cpu_nan ? "CPU" : "GPU");
+        if (cpu_nan) continue;
+        for (int h = 0; h < H; h++) {
+            const double a = tu_f32(y_gpu[(size_t)t * H + h]), b = tu_f32(y_cpu[(size_t)t * H + h]);
+            if (cpu_zero && a != 0.0) fail_msg("%s: token %d should be a zero row", what, t);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    printf("  %-58s rel L2 vs CPU %.2e\n", what, rel);
+    if (!(rel <= 1e-3)) fail_msg("%s: relative L2 %.3e over 1e-3", what, rel);
+    return rel;
+}
+
+typedef struct grid_case {
+    int E, K, H, I, T, T_max;
+    int one_expert; /* every token's first slot on expert 1, the others empty */
+} grid_case;
+
+static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *Rs, int nR) {
+    megamoe_layer_config c;
+    megamoe_layer_config_init(&c);
+    c.name = "gpu.test";
+    c.num_experts = gc->E, c.top_k = gc->K, c.hidden_size = gc->H, c.intermediate_size = gc->I;
+    c.max_tokens = gc->T_max, c.format = fmt;
+    tu_model m;
+    tu_model_random(&m, &c, 1, (uint64_t)(gc->E * 131 + gc->H + gc->T + fmt));
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, gc->T, &c, (uint64_t)gc->T * 7 + 1);
+    if (gc->one_expert)
+        for (int t = 0; t < gc->T; t++)
+            for (int k = 0; k < gc->K; k++) in.ids[t * gc->K + k] = k == 0 ? 1 : -1;
+    megamoe_group *g;
+    megamoe_layer *l;
+    /* CPU reference: one rank holding all tokens. */
+    megamoe_layer_config cc = c;
+    cc.max_tokens = gc->T > 0 ? gc->T : 1;
+    tu_model mc = m;
+    mc.cfg = cc;
+    make_layer(&mc, MEGAMOE_BACKEND_CPU, 1, &g, &l);
+    uint16_t *y_cpu = malloc((size_t)gc->T * gc->H * 2 + 2);
+    assert_int_equal(tu_forward(g, l, &in, y_cpu), MEGAMOE_OK);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    dev_inputs d;
+    dev_upload(&d, &in);
+    uint16_t *y_first = NULL;
+    for (int i = 0; i < nR; i++) {
+        const int R = Rs[i];
+        if (gc->E % R || (gc->T + R - 1) / R > gc->T_max) continue;
+        make_layer(&m, MEGAMOE_BACKEND_CUDA, R, &g, &l);
+        uint16_t *y = gpu_run(g, l, &in, &d);
+        char what[160];
+        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d T_max=%d R=%d%s", fmt ? "bf16 " : "nvfp4", gc->E, gc->K,
+                 gc->H, gc->I, gc->T, gc->T_max, R, gc->one_expert ? " one-expert" : "");
+        compare(&in, y, y_cpu, what);
+        if (!y_first) y_first = y;
+        else {
+            if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0) fail_msg("%s: y differs from R=%d", what, Rs[0]);
+            free(y);
+        }
+        megamoe_layer_destroy(l);
+        megamoe_group_destroy(g);
+    }
+    free(y_first);
+    free(y_cpu);
+    dev_free(&d);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+}
+
+static const int k_ranks[] = {1, 2, 4, 8};
+
+static void test_grid_small(void **state) {
+    (void)state;
+    const grid_case cases[] = {
+        {8, 2, 256, 256, 1, 1, 0},    {8, 2, 256, 256, 77, 128, 0}, {8, 2, 256, 256, 128, 128, 0},
+        {8, 4, 256, 512, 0, 16, 0},   {16, 1, 512, 768, 33, 40, 0}, {8, 8, 256, 256, 50, 64, 0},
+        {8, 2, 256, 256, 200, 200, 1}, {256, 8, 256, 256, 64, 64, 0},
+    };
+    for (int f = 0; f < 2; f++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);
+}
+
+static void test_grid_large(void **state) {
+    (void)state;
+    const grid_case cases[] = {{8, 8, 7168, 2048, 20, 20, 0}, {16, 4, 2048, 768, 300, 300, 0}};
+    for (int f = 0; f < 2; f++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case((megamoe_weight_format)f, &cases[i], k_ranks, 2);
+}
+
+/* The quantized activations the GPU stages are the CPU's bytes. */
+static void test_activation_bytes(void **state) {
+    (void)state;
+    megamoe_layer_config c;
+    megamoe_layer_config_init(&c);
+    c.name = "gpu.bytes";
+    c.num_experts = 8, c.top_k = 2, c.hidden_size = 1024, c.intermediate_size = 256, c.max_tokens = 300;
+    tu_model m;
+    tu_model_random(&m, &c, 0, 5);
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, 300, &c, 6);
+    for (int t = 8; t < 300; t++) /* scales over many decades */
+        for (int h = 0; h < c.hidden_size; h++)
+            in.x[(size_t)t * c.hidden_size + h] = tu_bf16(tu_f32(in.x[(size_t)t * c.hidden_size + h]) * ldexpf(1.0f, t % 120 - 60));
+    megamoe_group *gc, *gg;
+    megamoe_layer *lc, *lg;
+    make_layer(&m, MEGAMOE_BACKEND_CPU, 1, &gc, &lc);
+    make_layer(&m, MEGAMOE_BACKEND_CUDA, 1, &gg, &lg);
+    uint16_t *y = malloc((size_t)300 * c.hidden_size * 2);
+    assert_int_equal(tu_forward(gc, lc, &in, y), MEGAMOE_OK);
+    dev_inputs d;
+    dev_upload(&d, &in);
+    free(gpu_run(gg, lg, &in, &d));
+    const mm_buffer_layout *L = &lg->buffer->layout;
+    const uint8_t *cpu = lc->buffer->rank_base[0];
+    const size_t bytes = L->x_scale + 300 * 4 - L->x;
+    uint8_t *gpu = malloc(bytes + L->x - L->token_state);
+    CK(cudaMemcpy(gpu, (const uint8_t *)lg->buffer->rank_base[0] + L->token_state, bytes + L->x - L->token_state,
+                  cudaMemcpyDeviceToHost));
+    int checked = 0;
+    for (int t = 0; t < 300; t++) {
+        const uint8_t st = cpu[L->token_state + t];
+        assert_int_equal(gpu[t], st);
+        if (st != MM_TOKEN_LIVE) continue;
+        const uint8_t *g0 = gpu + (L->x - L->token_state);
+        assert_memory_equal(g0 + (size_t)t * 512, cpu + L->x + (size_t)t * 512, 512);
+        assert_memory_equal(g0 + (L->x_sf - L->x) + (size_t)t * 64, cpu + L->x_sf + (size_t)t * 64, 64);
+        assert_memory_equal(g0 + (L->x_scale - L->x) + (size_t)t * 4, cpu + L->x_scale + (size_t)t * 4, 4);
+        checked++;
+    }
+    printf("  quantized activations of %d tokens bit-identical to the CPU\n", checked);
+    assert_true(checked > 290);
+    free(gpu), free(y);
+    dev_free(&d);
+    megamoe_layer_destroy(lc), megamoe_group_destroy(gc);
+    megamoe_layer_destroy(lg), megamoe_group_destroy(gg);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+}
+
+static void test_graph_capture_and_errors(void **state) {
+    (void)state;
+    megamoe_layer_config c;
+    megamoe_layer_config_init(&c);
+    c.name = "gpu.graph";
+    c.num_experts = 16, c.top_k = 4, c.hidden_size = 512, c.intermediate_size = 256, c.max_tokens = 64;
+    tu_model m;
+    tu_model_random(&m, &c, 1, 9);
+    megamoe_group *gc, *gg;
+    megamoe_layer *lc, *lg;
+    make_layer(&m, MEGAMOE_BACKEND_CPU, 2, &gc, &lc);
+    make_layer(&m, MEGAMOE_BACKEND_CUDA, 2, &gg, &lg);
+    megamoe_memory_info mi;
+    assert_int_equal(megamoe_layer_memory(lg, &mi), MEGAMOE_OK);
+    const uint64_t packed = 16ull * (3ull * 512 * 256 / 2 + 3ull * 512 * 256 / 16 + 16);
+    printf("  resident %llu bytes (packed %llu), finalize peak %llu, buffer %llu per rank\n",
+           (unsigned long long)mi.weight_bytes, (unsigned long long)packed,
+           (unsigned long long)mi.finalize_peak_bytes, (unsigned long long)mi.buffer_bytes);
+    assert_true(mi.weight_bytes >= packed && mi.weight_bytes < packed + 4096 && mi.checkpoint_bytes == 0);
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, 100, &c, 10);
+    dev_inputs d;
+    dev_upload(&d, &in);
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    assert_int_equal(gpu_forward(gg, lg, &in, &d, s), MEGAMOE_OK);
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    uint16_t *y_cpu = malloc((size_t)100 * 512 * 2), *y_gpu = malloc((size_t)100 * 512 * 2);
+    for (int rep = 0; rep < 3; rep++) {
+        tu_inputs fresh;
+        tu_inputs_edge_cases(&fresh, 100, &c, 100 + rep); /* new data in the same device buffers */
+        CK(cudaMemcpy(d.x, fresh.x, (size_t)100 * 512 * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d.ids, fresh.ids, (size_t)100 * 4 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d.w, fresh.weights, (size_t)100 * 4 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(d.y, 0xFF, (size_t)100 * 512 * 2));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(y_gpu, d.y, (size_t)100 * 512 * 2, cudaMemcpyDeviceToHost));
+        assert_int_equal(tu_forward(gc, lc, &fresh, y_cpu), MEGAMOE_OK);
+        char what[64];
+        snprintf(what, sizeof what, "graph replay %d", rep);
+        compare(&fresh, y_gpu, y_cpu, what);
+        tu_inputs_free(&fresh);
+    }
+    /* Bad ids: skipped, then reported by megamoe_layer_check. */
+    in.ids[9 * 4 + 2] = 16;
+    CK(cudaMemcpy(d.ids, in.ids, (size_t)100 * 4 * 4, cudaMemcpyHostToDevice));
+    assert_int_equal(gpu_forward(gg, lg, &in, &d, s), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_check(lg), MEGAMOE_ERR_BAD_INPUT);
+    const char *msg = megamoe_layer_last_error(lg);
+    if (!strstr(msg, "token 9 slot 2") || !strstr(msg, "expert id 16")) fail_msg("message: %s", msg);
+    assert_int_equal(megamoe_layer_check(lg), MEGAMOE_OK); /* reported once */
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(s));
+    free(y_cpu), free(y_gpu);
+    dev_free(&d);
+    megamoe_layer_destroy(lc), megamoe_group_destroy(gc);
+    megamoe_layer_destroy(lg), megamoe_group_destroy(gg);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+}
+
+int main(int argc, char **argv) {
+    if (!megamoe_backend_available(MEGAMOE_BACKEND_CUDA)) {
+        printf("SKIPPED: no usable sm_90 GPU here, or this build has no CUDA backend\n");
+        return 77;
+    }
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
+    const struct CMUnitTest all[] = {
+        cmocka_unit_test(test_activation_bytes),
+        cmocka_unit_test(test_graph_capture_and_errors),
+        cmocka_unit_test(test_grid_small),
+        cmocka_unit_test(test_grid_large),
+    };
+    return _cmocka_run_group_tests("gpu", all, quick ? 2 : 4, NULL, NULL) ? 1 : 0;
+}
