@@ -61,4 +61,10 @@ void cli_layer_destroy(cli_layer *c);
 megamoe_status cli_forward_split(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
                                  const float *weights, const uint8_t *padding, uint16_t *y);
 
+/* The same on a device backend: host inputs are uploaded, y is downloaded. With iters > 0 the
+ * forward runs iters times after a warm-up and *ms gets the median (CUDA events). */
+megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
+                                        const float *weights, const uint8_t *padding, uint16_t *y, int iters,
+                                        double *ms);
+
 #endif /* MEGAMOE_CLI_H */

@@ -135,7 +135,7 @@ int cmd_demo(int argc, char **argv) {
     fflush(stdout);
     int rc = demo_model_build(&m, seed);
     const size_t xn = (size_t)T * (size_t)m.H;
-    uint16_t *x = malloc(xn * 2), *y[2][2] = {{0}}, *ref[2] = {0};
+    uint16_t *x = malloc(xn * 2), *y[2][3] = {{0}}, *ref[2] = {0};
     int32_t *ids = malloc((size_t)T * m.K * sizeof *ids);
     float *w = malloc((size_t)T * m.K * sizeof *w);
     if (!rc && (!x || !ids || !w)) rc = cli_fail("out of memory");
@@ -145,22 +145,32 @@ int cmd_demo(int argc, char **argv) {
         cli_random_routing(&r, T, m.K, m.E, ids, w);
     }
     const double flop = 6.0 * m.H * m.I * (double)T * m.K;
-    printf("  %-6s %-6s %-13s %-10s %s\n", "format", "ranks", "ms/forward", "GFLOP/s", "check");
+    const int gpu = backend == MEGAMOE_BACKEND_CUDA;
+    printf("  %-6s %-7s %-6s %-13s %-10s %s\n", "format", "backend", "ranks", "ms/forward", "GFLOP/s", "check");
     for (int f = 0; f < 2 && !rc; f++) {
         const megamoe_weight_format fmt = f == 0 ? MEGAMOE_FORMAT_BF16 : MEGAMOE_FORMAT_NVFP4;
-        for (int ri = 0; ri < 2 && !rc; ri++) {
-            const int R = ri == 0 ? 1 : 4;
+        /* Runs: the CPU reference with 1 rank, then the chosen backend with 1 and 4 ranks. */
+        const megamoe_backend run_backend[3] = {MEGAMOE_BACKEND_CPU, backend, backend};
+        const int run_ranks[3] = {1, 1, 4};
+        for (int ri = gpu ? 0 : 1; ri < 3 && !rc; ri++) {
+            const int R = run_ranks[ri];
             megamoe_layer_config cfg;
             megamoe_layer_config_init(&cfg);
             cfg.name = "demo";
             cfg.num_experts = m.E, cfg.top_k = m.K, cfg.hidden_size = m.H, cfg.intermediate_size = m.I;
             cfg.max_tokens = (T + R - 1) / R, cfg.format = fmt;
             cli_layer L;
-            if ((rc = cli_layer_create(MEGAMOE_BACKEND_CPU, R, threads, &cfg, &L)) != 0) break;
+            if ((rc = cli_layer_create(run_backend[ri], R, threads, &cfg, &L)) != 0) break;
             rc = demo_model_load(&m, L.layer, fmt);
             y[f][ri] = malloc(xn * 2);
             double best = 1e30;
-            for (int it = 0; it < 3 && !rc; it++) {
+            if (!rc && run_backend[ri] == MEGAMOE_BACKEND_CUDA) {
+                double ms = 0;
+                if (cli_forward_split_device(&L, T, m.K, m.H, x, ids, w, NULL, y[f][ri], 10, &ms))
+                    rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+                best = ms * 1e-3;
+            }
+            for (int it = 0; it < 3 && !rc && run_backend[ri] == MEGAMOE_BACKEND_CPU; it++) {
                 for (size_t i = 0; i < xn; i++) y[f][ri][i] = 0xFFFF; /* poison: NaN pattern */
                 const double t0 = cli_now_seconds();
                 megamoe_status st = cli_forward_split(&L, T, m.K, m.H, x, ids, w, NULL, y[f][ri]);
@@ -170,26 +180,31 @@ int cmd_demo(int argc, char **argv) {
             }
             cli_layer_destroy(&L);
             if (rc) break;
-            char check[128] = "reference";
-            if (ri == 1) {
-                const int same = memcmp(y[f][0], y[f][1], xn * 2) == 0;
-                snprintf(check, sizeof check, "bitwise equal to 1 rank: %s", same ? "yes" : "NO");
-                if (!same) rc = 1;
-            }
             for (size_t i = 0; i < xn && !rc; i++)
                 if (y[f][ri][i] == 0xFFFF) rc = cli_fail("demo: output element %zu was not written", i);
-            printf("  %-6s %-6d %-13.2f %-10.1f %s\n", f == 0 ? "bf16" : "nvfp4", R, best * 1e3, flop / best / 1e9, check);
+            char check[128] = "reference";
+            if (ri == 2) {
+                const int same = memcmp(y[f][1], y[f][2], xn * 2) == 0;
+                snprintf(check, sizeof check, "bitwise equal to 1 rank: %s", same ? "yes" : "NO");
+                if (!same) rc = 1;
+            } else if (ri == 1 && gpu) {
+                const double err = cli_rel_l2_bf16(y[f][1], y[f][0], xn);
+                snprintf(check, sizeof check, "relative L2 vs CPU %.2e", err);
+                if (!(err <= 1e-3)) rc = cli_fail("demo: GPU differs from the CPU reference (%.3e)", err);
+            }
+            printf("  %-6s %-7s %-6d %-13.3f %-10.1f %s\n", f == 0 ? "bf16" : "nvfp4",
+                   run_backend[ri] == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", R, best * 1e3, flop / best / 1e9, check);
             fflush(stdout);
         }
-        ref[f] = y[f][0];
+        ref[f] = y[f][1];
     }
     if (!rc) {
         const double err = cli_rel_l2_bf16(ref[1], ref[0], xn);
         printf("  NVFP4 vs BF16 output: relative L2 %.4f (the quantization error of weights and activations)\n", err);
-        if (!(err < 0.25)) rc = cli_fail("demo: NVFP4 output is too far from BF16 (%.4f)", err);
+        if (!(err < 0.35)) rc = cli_fail("demo: NVFP4 output is too far from BF16 (%.4f)", err);
     }
     printf(rc ? "FAILED\n" : "OK\n");
-    for (int f = 0; f < 2; f++) free(y[f][0]), free(y[f][1]);
+    for (int f = 0; f < 2; f++) free(y[f][0]), free(y[f][1]), free(y[f][2]);
     free(x), free(ids), free(w);
     demo_model_free(&m);
     return rc;
@@ -198,13 +213,66 @@ int cmd_demo(int argc, char **argv) {
 /* ---- bench ---------------------------------------------------------------------------------- */
 
 static const char k_bench_help[] =
-    "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T]\n"
+    "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
     "                     [--iters N] [--seed S]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
-    "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Prints the median time per forward, the\n"
-    "arithmetic rate 6*H*I*slots/time, and the bytes of the experts touched per second.\n";
+    "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
+    "T the median time per forward (CUDA events on the GPU), the arithmetic rate 6*H*I*T*K/time,\n"
+    "and the bytes of the experts touched per second.\n";
+
+/* Fills n bytes fast from a seed (xorshift64*, 8 bytes a step). */
+static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        const uint64_t v = x * 0x2545F4914F6CDD1Dull;
+        memcpy(p + i, &v, 8);
+    }
+    for (; i < n; i++) p[i] = (uint8_t)(i * 131 + seed);
+}
+
+/* Random stacked weights: any code byte, block scales in a moderate range, bf16 ~ N(0, 0.02). */
+static int bench_load(megamoe_layer *layer, const megamoe_layer_config *c, uint64_t seed) {
+    const int64_t E = c->num_experts, H = c->hidden_size, I = c->intermediate_size;
+    const int nvfp4 = c->format == MEGAMOE_FORMAT_NVFP4;
+    const char *names[4] = {"w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"};
+    const int64_t shapes[4][3] = {{E, 2 * I, nvfp4 ? H / 2 : H}, {E, H, nvfp4 ? I / 2 : I}, {E, 2 * I, H / 16}, {E, H, I / 16}};
+    for (int i = 0; i < (nvfp4 ? 4 : 2); i++) {
+        megamoe_tensor t = {i >= 2 ? MEGAMOE_DTYPE_F8_E4M3 : nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16, 3,
+                            {shapes[i][0], shapes[i][1], shapes[i][2]}, NULL};
+        const size_t n = (size_t)megamoe_tensor_numel(&t), bytes = n * megamoe_dtype_size(t.dtype);
+        uint8_t *buf = malloc(bytes);
+        if (!buf) return cli_fail("out of memory for %s", names[i]);
+        fill_random(buf, bytes, seed + (uint64_t)i);
+        if (i >= 2)
+            for (size_t j = 0; j < n; j++) buf[j] = (uint8_t)(0x30 + (buf[j] & 15));
+        else if (!nvfp4)
+            for (size_t j = 0; j < n; j++) { /* bf16 with exponent 2^-7..2^-6: |w| ~ 0.01 */
+                uint16_t *w = (uint16_t *)buf;
+                w[j] = (uint16_t)((w[j] & 0x807F) | 0x3C00);
+            }
+        t.data = buf;
+        const megamoe_status st = megamoe_layer_load_weight(layer, names[i], &t);
+        free(buf);
+        if (st) return cli_fail("%s", megamoe_layer_last_error(layer));
+    }
+    if (nvfp4) {
+        float *s2 = malloc((size_t)E * 2 * sizeof *s2);
+        if (!s2) return cli_fail("out of memory");
+        for (int64_t i = 0; i < 2 * E; i++) s2[i] = 1.0f / 64.0f;
+        megamoe_tensor a13 = {MEGAMOE_DTYPE_F32, 2, {E, 2}, s2}, a2 = {MEGAMOE_DTYPE_F32, 1, {E}, s2};
+        int bad = megamoe_layer_load_weight(layer, "w13_weight_scale_2", &a13) ||
+                  megamoe_layer_load_weight(layer, "w2_weight_scale_2", &a2) ||
+                  megamoe_layer_load_weight(layer, "w2_input_scale", &a2);
+        free(s2);
+        if (bad) return cli_fail("%s", megamoe_layer_last_error(layer));
+    }
+    if (megamoe_layer_finalize(layer)) return cli_fail("%s", megamoe_layer_last_error(layer));
+    return 0;
+}
 
 int cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {
@@ -215,7 +283,8 @@ int cmd_bench(int argc, char **argv) {
         {"threads", required_argument, 0, 't'}, {"iters", required_argument, 0, 'n'},
         {"seed", required_argument, 0, 's'},    {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    int E = 32, K = 4, H = 1024, I = 512, T = 256, R = 1, threads = 0, iters = 5, c;
+    int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1;
+    int Ts[32] = {256};
     uint64_t seed = 1;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
@@ -226,7 +295,15 @@ int cmd_bench(int argc, char **argv) {
         case 'K': ok = cli_parse_int(optarg, &K); break;
         case 'H': ok = cli_parse_int(optarg, &H); break;
         case 'I': ok = cli_parse_int(optarg, &I); break;
-        case 'T': ok = cli_parse_int(optarg, &T) && T >= 0; break;
+        case 'T': {
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            nT = 0;
+            for (char *tok = strtok(buf, ","); tok && ok; tok = strtok(NULL, ","))
+                ok = nT < 32 && cli_parse_int(tok, &Ts[nT]) && Ts[nT] >= 0 && ++nT;
+            ok = ok && nT > 0;
+            break;
+        }
         case 'R': ok = cli_parse_int(optarg, &R); break;
         case 't': ok = cli_parse_int(optarg, &threads); break;
         case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
@@ -248,86 +325,64 @@ int cmd_bench(int argc, char **argv) {
     }
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail("bench: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
+    int T_max = 1;
+    for (int i = 0; i < nT; i++) T_max = Ts[i] > T_max ? Ts[i] : T_max;
     megamoe_layer_config cfg;
     megamoe_layer_config_init(&cfg);
     cfg.name = "bench";
     cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
-    cfg.max_tokens = R > 0 && T > 0 ? (T + R - 1) / R : 1;
+    cfg.max_tokens = R > 0 ? (T_max + R - 1) / R : 1;
     cli_layer L;
-    if (cli_layer_create(backend, R, threads, &cfg, &L)) {
-        cli_layer_destroy(&L);
-        return 1;
-    }
-    cli_rng r = {seed};
-    /* Random weights in the full stacked layout: codes any byte, block scales in a moderate range. */
+    int rc = cli_layer_create(backend, R, threads, &cfg, &L);
+    if (!rc) rc = bench_load(L.layer, &cfg, seed);
     const int nvfp4 = fmt == MEGAMOE_FORMAT_NVFP4;
-    const char *names[4] = {"w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"};
-    const int64_t shapes[4][3] = {{E, 2 * I, nvfp4 ? H / 2 : H}, {E, H, nvfp4 ? I / 2 : I}, {E, 2 * I, H / 16}, {E, H, I / 16}};
-    int rc = 0;
-    for (int i = 0; i < (nvfp4 ? 4 : 2) && !rc; i++) {
-        megamoe_tensor t = {i >= 2 ? MEGAMOE_DTYPE_F8_E4M3 : nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16, 3,
-                            {shapes[i][0], shapes[i][1], shapes[i][2]}, NULL};
-        const size_t n = (size_t)megamoe_tensor_numel(&t);
-        uint8_t *buf = malloc(n * megamoe_dtype_size(t.dtype));
-        if (!buf) {
-            rc = cli_fail("out of memory for %s", names[i]);
-            break;
+    const double expert_bytes = nvfp4 ? 3.0 * H * I * (0.5 + 1.0 / 16) : 3.0 * H * I * 2;
+    for (int ti = 0; ti < nT && !rc; ti++) {
+        const int T = Ts[ti];
+        const size_t xn = (size_t)T * H;
+        uint16_t *x = malloc(xn * 2 + 2), *y = malloc(xn * 2 + 2);
+        int32_t *ids = malloc((size_t)T * K * 4 + 4);
+        float *w = malloc((size_t)T * K * 4 + 4);
+        double *times = calloc((size_t)iters, sizeof *times);
+        cli_rng r = {seed + (uint64_t)T};
+        if (!x || !y || !ids || !w || !times) rc = cli_fail("out of memory");
+        if (!rc) {
+            for (size_t i = 0; i < xn; i++) x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
+            cli_random_routing(&r, T, K, E, ids, w);
         }
-        for (size_t j = 0; j < n; j++) {
-            if (i >= 2) buf[j] = (uint8_t)(0x30 + cli_rng_next(&r) % 16);
-            else if (nvfp4) buf[j] = (uint8_t)cli_rng_next(&r);
-            else ((uint16_t *)buf)[j] = cli_f32_to_bf16((float)(0.02 * cli_rng_normal(&r)));
-        }
-        t.data = buf;
-        if (megamoe_layer_load_weight(L.layer, names[i], &t)) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
-        free(buf);
-    }
-    if (nvfp4 && !rc) {
-        float *s2 = malloc((size_t)E * 2 * sizeof *s2);
-        for (int i = 0; s2 && i < 2 * E; i++) s2[i] = 1.0f / 64.0f;
-        megamoe_tensor a13 = {MEGAMOE_DTYPE_F32, 2, {E, 2}, s2}, a2 = {MEGAMOE_DTYPE_F32, 1, {E}, s2};
-        if (!s2 || megamoe_layer_load_weight(L.layer, "w13_weight_scale_2", &a13) ||
-            megamoe_layer_load_weight(L.layer, "w2_weight_scale_2", &a2) || megamoe_layer_load_weight(L.layer, "w2_input_scale", &a2))
-            rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
-        free(s2);
-    }
-    if (!rc && megamoe_layer_finalize(L.layer)) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
-    const size_t xn = (size_t)T * H;
-    uint16_t *x = malloc(xn * 2 + 2), *y = malloc(xn * 2 + 2);
-    int32_t *ids = malloc((size_t)T * K * 4 + 4);
-    float *w = malloc((size_t)T * K * 4 + 4);
-    if (!rc && (!x || !y || !ids || !w)) rc = cli_fail("out of memory");
-    double *times = calloc((size_t)iters, sizeof *times);
-    if (!rc && !times) rc = cli_fail("out of memory");
-    if (!rc) {
-        for (size_t i = 0; i < xn; i++) x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
-        cli_random_routing(&r, T, K, E, ids, w);
-        for (int it = -1; it < iters && !rc; it++) { /* one warm-up */
-            const double t0 = cli_now_seconds();
-            megamoe_status st = cli_forward_split(&L, T, K, H, x, ids, w, NULL, y);
-            if (st) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
-            if (it >= 0) times[it] = cli_now_seconds() - t0;
-        }
-    }
-    if (!rc) {
-        for (int i = 1; i < iters; i++) /* insertion sort for the median */
-            for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
-                double tmp = times[j];
-                times[j] = times[j - 1], times[j - 1] = tmp;
+        double med = 0;
+        if (!rc && backend == MEGAMOE_BACKEND_CUDA) {
+            if (cli_forward_split_device(&L, T, K, H, x, ids, w, NULL, y, iters, &med))
+                rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+            med *= 1e-3;
+        } else if (!rc) {
+            for (int it = -1; it < iters && !rc; it++) { /* one warm-up */
+                const double t0 = cli_now_seconds();
+                if (cli_forward_split(&L, T, K, H, x, ids, w, NULL, y)) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+                if (it >= 0) times[it] = cli_now_seconds() - t0;
             }
-        const double med = times[iters / 2];
-        int touched = 0;
-        char *used = calloc((size_t)E, 1);
-        for (size_t i = 0; used && i < (size_t)T * K; i++) used[ids[i]] = 1;
-        for (int e = 0; used && e < E; e++) touched += used[e];
-        free(used);
-        const double expert_bytes = nvfp4 ? 3.0 * H * I * (0.5 + 1.0 / 16) : 3.0 * H * I * 2;
-        printf("bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.3f ms over %d, %.1f GFLOP/s, "
-               "%.2f GB/s of touched expert weights (%d experts)\n",
-               E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", med * 1e3,
-               iters, 6.0 * H * I * (double)T * K / med / 1e9, expert_bytes * touched / med / 1e9, touched);
+            for (int i = 1; i < iters; i++)
+                for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+                    double tmp = times[j];
+                    times[j] = times[j - 1], times[j - 1] = tmp;
+                }
+            med = times[iters / 2];
+        }
+        if (!rc) {
+            int touched = 0;
+            char *used = calloc((size_t)E, 1);
+            for (size_t i = 0; used && i < (size_t)T * K; i++) used[ids[i]] = 1;
+            for (int e = 0; used && e < E; e++) touched += used[e];
+            free(used);
+            printf("bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.1f TFLOP/s, "
+                   "%.1f GB/s of touched expert weights (%d experts)\n",
+                   E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
+                   med * 1e3, iters, 6.0 * H * I * (double)T * K / med / 1e12, expert_bytes * touched / med / 1e9,
+                   touched);
+            fflush(stdout);
+        }
+        free(times), free(x), free(y), free(ids), free(w);
     }
-    free(times), free(x), free(y), free(ids), free(w);
     cli_layer_destroy(&L);
     return rc;
 }

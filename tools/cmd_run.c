@@ -183,7 +183,8 @@ int cmd_run(int argc, char **argv) {
         cli_fail("out of memory");
         goto done;
     }
-    st = cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y);
+    st = backend == MEGAMOE_BACKEND_CPU ? cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y)
+                                        : cli_forward_split_device(&L, in.T, in.K, in.H, x, ids, w, pad, y, 0, NULL);
     if (st) {
         cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
         goto done;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repo root, after bench/stage_device.sh: the GPU tests, the
+# compute-sanitizer runs, the demo and the benchmark table. Logs go to $OUT (or ./device-out).
+#   usage: bash .devbin/device_check.sh [tests|sanitize|demo|bench|all]...
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/.devbin/libs:${LD_LIBRARY_PATH:-}"
+B=.devbin
+what=${*:-all}
+has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
+if has tests; then
+  echo "== GPU tests"; $B/test_gpu 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^\[ +(RUN|OK) "
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 $B/test_gpu --quick > "$OUT/sanitize_$tool.log" 2>&1
+    echo "exit $?"; tail -n 4 "$OUT/sanitize_$tool.log"
+  done
+fi
+if has demo; then
+  echo "== demo"; $B/megamoe demo 2>&1 | tee "$OUT/demo.log"
+fi
+if has bench; then
+  echo "== bench"
+  for fmt in nvfp4 bf16; do
+    for shape in "256 8 7168 2048" "128 8 2048 768" "8 2 4096 14336"; do
+      set -- $shape
+      timeout 300 $B/megamoe bench --backend cuda --format $fmt --experts $1 --top-k $2 --hidden $3 --inter $4 \
+        --tokens ${BENCH_TOKENS:-1,8,32,128,512,2048,8192} --iters 10 2>&1 | tee -a "$OUT/bench.log"
+    done
+  done
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here (nvcc 13.0 here and on the GPU machine) and stages them with the
+# shared libraries the GPU machine lacks into .devbin/, to be carried to it (device tool: carry .devbin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
+cmake --build build-dev -j "$(nproc)" >/dev/null
+rm -rf .devbin && mkdir -p .devbin/libs
+cp build-dev/megamoe build-dev/tests/test_gpu .devbin/
+for lib in libjansson.so.4 libcmocka.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/libs/; done
+cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
+cp bench/device_check.sh .devbin/
+du -sh .devbin
