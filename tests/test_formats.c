@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "formats.h"
+#include "weight_layout.h"
 
 static const float k_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
@@ -112,11 +113,38 @@ static void test_block_quantizer(void **state) {
     }
 }
 
+/* The kernel layout of weight_layout.h: packing then unpacking gives the checkpoint bytes back, and
+ * the fragment positions are the ones the header documents. */
+static void test_weight_layout_round_trip(void **state) {
+    (void)state;
+    const int64_t rows = 64, K = 192; /* 4 groups, 3 K steps; as gate/up: I = 32 */
+    uint8_t codes[64 * 96], sf[64 * 12], pc[64 * 96], ps[64 * 12], uc[64 * 96], us[64 * 12];
+    uint16_t w[64 * 192], pw[64 * 192], uw[64 * 192];
+    for (int i = 0; i < 64 * 96; i++) codes[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < 64 * 12; i++) sf[i] = (uint8_t)(i * 13 + 5);
+    for (int i = 0; i < 64 * 192; i++) w[i] = (uint16_t)(i * 7919);
+    for (int gate_up = 0; gate_up < 2; gate_up++) {
+        mm_layout_pack_nvfp4(codes, sf, rows, K, gate_up, pc, ps);
+        mm_layout_unpack_nvfp4(pc, ps, rows, K, gate_up, uc, us);
+        assert_memory_equal(codes, uc, sizeof codes);
+        assert_memory_equal(sf, us, sizeof sf);
+        mm_layout_pack_bf16(w, rows, K, gate_up, pw);
+        mm_layout_unpack_bf16(pw, rows, K, gate_up, uw);
+        assert_memory_equal(w, uw, sizeof w);
+    }
+    /* Spot check (gate_up = 1, still packed from the last pass): group 1, step 2, lane 13 (g = 3,
+     * c = 1), k16 step 3, register 1 (row g + 8 = up row 8 + 3 = 32 + 11, k = 128 + 48 + 2): */
+    const int64_t row = 32 + 11, k = 128 + 48 + 2;
+    assert_int_equal(pw[((1 * 3 + 2) * 32 + 13) * 32 + 8 * 3 + 2 * 1 + 0], w[row * K + k]);
+    assert_int_equal(pw[((1 * 3 + 2) * 32 + 13) * 32 + 8 * 3 + 2 * 1 + 1], w[row * K + k + 1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_e2m1_decode_all_codes),     cmocka_unit_test(test_e2m1_spec_ties_and_saturation),
         cmocka_unit_test(test_e4m3_all_codes_round_trip), cmocka_unit_test(test_e4m3_ties_subnormals_saturation),
         cmocka_unit_test(test_bf16_rounding),             cmocka_unit_test(test_block_quantizer),
+        cmocka_unit_test(test_weight_layout_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

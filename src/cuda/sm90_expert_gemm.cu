@@ -1,53 +1,35 @@
 /*
  * sm90_expert_gemm.cu -- the two expert GEMMs of SPEC §3-4 over the token tiles of every local
- * expert, weights decoded in-kernel to 16-bit and fed to the tensor cores (mma.sync m16n8k16, f32
- * accumulation):
- *   gate/up: [64 gate + 64 up weight rows] x [64 tokens] over K = H, epilogue: token scale s and
- *            alpha, clamp, SwiGLU, the static-a2 NVFP4 quantization of the down projection's input
- *            (or bf16 rounding), written to the rank's act buffer;
- *   down:    [128 rows of W2] x [64 tokens] over K = I, epilogue: a2 and alpha_2, p written into the
- *            home rank's buffer at (token, slot) through the peer table.
- * NVFP4: E2M1 x E4M3 is exact in f16 (at most 6 significant bits, 2^-10 ... 2688), so weights and
- * activations become exact f16 values and the products are exact in the f32 accumulator.
- *
- * This is the first, simple version: one 128 x 64 tile per block, no pipelining, no wgmma. The fast
- * sm_90a path (wgmma with register-A decode, see docs/CUDA_BACKEND.md) replaces it.
+ * expert, on the tensor cores (mma.sync m16n8k16, f32 accumulation), weights streamed straight from
+ * global memory into registers in the fragment order the finalize step packed (weight_layout.h):
+ *   gate/up: 128 weight rows (64 intermediate indices, gate and up interleaved by 8 so both land in
+ *            one thread) x 64 tokens over K = H; epilogue in registers: s and alpha, clamp, SwiGLU,
+ *            the static-a2 NVFP4 requant with the 16-block amax from 3 lane shuffles (or bf16);
+ *   down:    128 rows of W2 x 64 tokens over K = I; epilogue a2 and alpha_2, p written into the home
+ *            rank's buffer at (token, slot) through the peer table.
+ * NVFP4 weights decode to f16 code * 2^-14 * block scale: the code's bits go straight into the f16
+ * lane (sign to bit 15, e1 e0 m to bits 11..9), one HMUL2 applies the E4M3 scale (converted by the
+ * hardware), and every product is exact (KERNEL_NOTES §2; HMMA keeps f16 subnormals, measured).
+ * The 2^14 goes back in the epilogue, where multiplying by a power of two is exact.
+ * Activations are staged per 64-wide K chunk in shared memory (double-buffered) as exact f16
+ * code * scale (NVFP4) or bf16.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "weight_layout.h"
 
-#define BM 128
-#define BN MM_TILE_TOKENS
-#define BK 32
-#define LDS (BK + 8) /* 16-bit elements per smem row: 80 bytes, conflict-free fragment loads */
+#define WARPS 4
+#define BN MM_TILE_TOKENS       /* tokens per tile */
+#define BK MM_FRAG_K            /* K per step: 64 */
+#define LDB (BK + 8)            /* 16-bit elements per staged activation row (conflict-free) */
+#define GROUPS_PER_WARP 2       /* 16-row groups per warp: 32 rows, one NVFP4 block of gate/up  */
+#define ROWS_PER_BLOCK (WARPS * GROUPS_PER_WARP * 16)
 
 enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
-
-static_assert(BN == 64, "the epilogue maps 256 threads onto 64 tokens x 4 blocks of 16");
-
-__device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
-
-/* 8 E2M1 codes (4 bytes) times one E4M3 scale -> 8 f16 values (exact). */
-__device__ __forceinline__ void decode8(uint32_t codes, uint8_t sf, uint16_t *out) {
-    const float s = mm_e4m3_to_f32(sf);
-    for (int j = 0; j < 8; j++) out[j] = to_f16_bits(mm_e2m1_to_f32((uint8_t)((codes >> (4 * j)) & 15u)) * s);
-}
-
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b, bool bf16) {
-    if (bf16) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-}
+static_assert(BN == 64 && BK == 64, "tile shape");
 
 struct slot_info {
     int src, token, slot;
@@ -62,173 +44,299 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
     return s;
 }
 
-/* Gate/up epilogue: gather the tile in shared memory, then one (token, 16-block) per thread. */
-__device__ __forceinline__ void gate_up_epilogue(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *mine,
-                                                 const mm_dev_weights &W, int e, int first, int ncols, int row0,
-                                                 float (&acc)[8][4], float *Cs, const float *col_scale) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const bool nvfp4 = sh.nvfp4 != 0;
-    const int I = sh.I;
-    for (int nt = 0; nt < 8; nt++)
-        for (int j = 0; j < 4; j++)
-            Cs[(warp * 16 + g + (j >> 1) * 8) * (BN + 1) + nt * 8 + 2 * c + (j & 1)] = acc[nt][j];
-    __syncthreads();
-    const int col = tid >> 2, blk = tid & 3;
-    if (col >= ncols) return;
-    const float s = col_scale[col];
-    const float alpha_g = nvfp4 ? W.w13_alpha[e * 2] : 1.0f, alpha_u = nvfp4 ? W.w13_alpha[e * 2 + 1] : 1.0f;
-    const float C = sh.clamp;
-    float a[16];
-    for (int j = 0; j < 16; j++) {
-        float gv = Cs[(blk * 16 + j) * (BN + 1) + col], uv = Cs[(BM / 2 + blk * 16 + j) * (BN + 1) + col];
-        if (nvfp4) {
-            gv = mm_mul(mm_mul(gv, s), alpha_g);
-            uv = mm_mul(mm_mul(uv, s), alpha_u);
-        }
-        if (C > 0.0f) {
-            gv = fminf(gv, C);
-            uv = fminf(fmaxf(uv, -C), C);
-        }
-        a[j] = mm_mul(mm_div(gv, mm_add(1.0f, expf(-gv))), uv);
-    }
-    __align__(16) uint16_t out[16];
-    if (nvfp4) {
-        uint8_t codes[8];
-        const float sf = mm_e4m3_to_f32(mm_quantize_block16(a, W.w2_in[e], codes));
-        for (int j = 0; j < 16; j++) out[j] = to_f16_bits(mm_e2m1_to_f32((uint8_t)((codes[j / 2] >> (4 * (j & 1))) & 15u)) * sf);
+__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1, bool bf16) {
+    if (bf16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     } else {
-        for (int j = 0; j < 16; j++) out[j] = mm_f32_to_bf16(a[j]);
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
-    uint4 *dst = (uint4 *)((uint16_t *)(mine + L.act) + (size_t)(first + col) * I + row0 + blk * 16);
-    dst[0] = ((const uint4 *)out)[0];
-    dst[1] = ((const uint4 *)out)[1];
 }
 
+/* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane). */
+__device__ __forceinline__ uint32_t e2m1x2_to_f16x2_biased(uint32_t byte) {
+    const uint32_t lo = ((byte & 0x8u) << 12) | ((byte & 0x7u) << 9);
+    const uint32_t hi = ((byte & 0x80u) << 24) | ((byte & 0x70u) << 21);
+    return lo | hi;
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
+    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&a), s);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* The raw fragment data of one 16-row group for one K step. */
+template <bool NVFP4>
+struct a_raw {
+    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: 64 bytes */
+    uint2 sf;               /* NVFP4: scales, bytes 2s / 2s+1 = rows g / g+8 of k16 step s */
+};
+
+template <bool nvfp4>
+__device__ __forceinline__ void load_a(a_raw<nvfp4> &r, const uint8_t *codes, const uint8_t *sf,
+                                       const uint16_t *bf16, size_t group, int kc, int nkc, int lane) {
+    const size_t frag = (group * nkc + kc) * 32 + lane;
+    if constexpr (nvfp4) {
+        r.w[0] = __ldg((const uint4 *)codes + frag);
+        r.sf = __ldg((const uint2 *)sf + (group * nkc + kc) * 8 + (lane >> 2));
+    } else {
+        const uint4 *p = (const uint4 *)(bf16 + frag * 32);
+        for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + i);
+    }
+}
+
+/* The A registers of k16 step s from the raw data. */
+template <bool nvfp4>
+__device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t *a) {
+    if constexpr (!nvfp4) {
+        const uint32_t *w = (const uint32_t *)&r.w[s];
+        for (int j = 0; j < 4; j++) a[j] = w[j];
+        return;
+    } else {
+    const uint32_t word = ((const uint32_t *)&r.w[0])[s];
+    const uint32_t sfw = (s < 2 ? r.sf.x : r.sf.y) >> (16 * (s & 1)); /* scale bytes of rows g, g+8 */
+    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sfw & 0xFFFFu), __NV_E4M3);
+    const __half2 s2 = *reinterpret_cast<const __half2 *>(&sr);
+    const __half2 s_g = __low2half2(s2), s_g8 = __high2half2(s2);
+    a[0] = hmul2_bits(e2m1x2_to_f16x2_biased(word & 0xFFu), s_g);
+    a[1] = hmul2_bits(e2m1x2_to_f16x2_biased((word >> 8) & 0xFFu), s_g8);
+    a[2] = hmul2_bits(e2m1x2_to_f16x2_biased((word >> 16) & 0xFFu), s_g);
+    a[3] = hmul2_bits(e2m1x2_to_f16x2_biased(word >> 24), s_g8);
+    }
+}
+
+/* Raw activation data of this thread's part of a K step: 4 rows x 8 values (row = tid/2 + 32i...). */
+struct b_raw {
+    uint4 v[4];
+};
 
 template <int PHASE>
-__global__ void __launch_bounds__(256) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                uint8_t *const *peers,
-                                                                const mm_dev_weights *weights) {
-    __shared__ __align__(16) uint8_t smem[BM * (BN + 1) * 4]; /* tiles, then the epilogue's f32 C */
-    __shared__ int col_code[BN];
-    __shared__ float col_scale[BN];
-    uint16_t *As = (uint16_t *)smem;         /* [BM][LDS] */
-    uint16_t *Bs = As + BM * LDS;            /* [BN][LDS] */
-    float *Cs = (float *)smem;               /* [BM][BN + 1] after the main loop */
+__device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                       uint8_t *const *peers, const uint8_t *mine, const int *col_src,
+                                       const int *col_token, int first, int ncols, int k0) {
+    /* 64 rows x 64 values = 512 chunks of 8; 128 threads take 4 each: chunk = tid + 128 * i. */
+    for (int i = 0; i < 4; i++) {
+        const int chunk = threadIdx.x + 128 * i, row = chunk >> 3, q = chunk & 7;
+        if (row >= ncols) break; /* rows grow with i: the rest are past ncols too */
+        const int k = k0 + q * 8;
+        if (PHASE == PHASE_DOWN) {
+            r.v[i] = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + row) * sh.I + k);
+        } else if (sh.nvfp4) {
+            const uint8_t *b = peers[col_src[row]];
+            const size_t t = (size_t)col_token[row];
+            r.v[i].x = *(const uint32_t *)(b + L.x + t * sh.H / 2 + k / 2);
+            r.v[i].y = (b + L.x_sf)[t * sh.H / 16 + k / 16];
+        } else {
+            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + L.x) + (size_t)col_token[row] * sh.H + k);
+        }
+    }
+}
 
-    const int r = blockIdx.z, tile = blockIdx.x, row0 = blockIdx.y * (PHASE == PHASE_GATE_UP ? BM / 2 : BM);
+__device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+
+/* Rows past ncols are neither loaded nor stored: an MMA column never mixes with another, and the
+ * epilogue drops every column >= ncols (the rows are zeroed once so no stale value is read). */
+template <int PHASE, bool NVFP4>
+__device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int chunk = threadIdx.x + 128 * i, row = chunk >> 3, q = chunk & 7;
+        if (row >= ncols) break;
+        uint4 v = r.v[i];
+        if constexpr (PHASE == PHASE_GATE_UP && NVFP4) {
+            /* 8 codes x one scale -> 8 exact f16 of code * 2^-14 * scale, like the weights */
+            const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v.y & 0xFFu), __NV_E4M3);
+            const __half2 s2 = __low2half2(*reinterpret_cast<const __half2 *>(&sr));
+            const uint32_t c = v.x;
+            v.x = hmul2_bits(e2m1x2_to_f16x2_biased(c & 0xFFu), s2);
+            v.y = hmul2_bits(e2m1x2_to_f16x2_biased((c >> 8) & 0xFFu), s2);
+            v.z = hmul2_bits(e2m1x2_to_f16x2_biased((c >> 16) & 0xFFu), s2);
+            v.w = hmul2_bits(e2m1x2_to_f16x2_biased(c >> 24), s2);
+        }
+        *(uint4 *)(bs + row * LDB + q * 8) = v;
+    }
+}
+
+template <int PHASE, bool NVFP4>
+__global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
+                                                                       uint8_t *const *peers,
+                                                                       const mm_dev_weights *weights) {
+    __shared__ __align__(16) uint16_t Bs[2][BN * LDB];
+    __shared__ int col_code[BN], col_src[BN], col_token[BN];
+    __shared__ float col_scale[BN];
+
+    const int r = blockIdx.z, tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
     const int start = ((const int32_t *)(mine + L.tile_start))[tile];
     const int count = ((const int32_t *)(mine + L.expert_count))[e];
     const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start; /* row of act / slots */
-    const int ncols = min(BN, count - start);
-    const int H = sh.H, I = sh.I, Kdim = PHASE == PHASE_GATE_UP ? H : I;
-    const bool nvfp4 = sh.nvfp4 != 0;
+    const int ncols = min(BN, count - start), ntiles_n = (ncols + 7) / 8;
+    constexpr bool nvfp4 = NVFP4;
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
     const mm_dev_weights W = weights[r];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
+    for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)&Bs[0][0])[i] = make_uint4(0, 0, 0, 0);
     if (tid < BN) {
         const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
         col_code[tid] = code;
-        float s = 1.0f;
-        if (code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP) {
-            const slot_info si = decode_slot(sh, code);
-            s = ((const float *)(peers[si.src] + L.x_scale))[si.token];
-        }
-        col_scale[tid] = s;
+        slot_info si = {0, 0, 0};
+        if (code >= 0) si = decode_slot(sh, code);
+        col_src[tid] = si.src;
+        col_token[tid] = si.token;
+        col_scale[tid] = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP
+                             ? ((const float *)(peers[si.src] + L.x_scale))[si.token] : 1.0f;
     }
     __syncthreads();
 
-    float acc[8][4];
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    const uint8_t *codes = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
+    const uint8_t *sfs = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
+    const uint16_t *wb = PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16;
+    const size_t group0 = (size_t)e * groups_per_expert + (size_t)blockIdx.y * (ROWS_PER_BLOCK / 16) +
+                          (size_t)warp * GROUPS_PER_WARP;
 
-    /* This thread's A row (weights) and B row (tokens) for the tile loads. */
-    const int a_row = tid >> 1, a_half = tid & 1;
-    const size_t w_row = PHASE == PHASE_GATE_UP
-                             ? (size_t)e * 2 * I + (a_row < BM / 2 ? row0 + a_row : I + row0 + a_row - BM / 2)
-                             : (size_t)e * H + row0 + a_row;
-    const int b_row = tid >> 2, b_q = tid & 3;
-    const int b_code = col_code[b_row];
-    const uint8_t *b_src = nullptr;
-    if (b_code >= 0) {
-        if (PHASE == PHASE_GATE_UP) b_src = peers[decode_slot(sh, b_code).src];
-    }
-    const int b_token = b_code >= 0 && PHASE == PHASE_GATE_UP ? decode_slot(sh, b_code).token : 0;
+    float acc[GROUPS_PER_WARP][8][4];
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[q][i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < Kdim; k0 += BK) {
-        /* A: 16 weights of row a_row from k0 + 16 * a_half. */
-        uint16_t *as = As + a_row * LDS + a_half * 16;
-        if (nvfp4) {
-            const uint8_t *codes = (PHASE == PHASE_GATE_UP ? W.w13 : W.w2) + w_row * Kdim / 2 + k0 / 2 + a_half * 8;
-            const uint8_t sf = (PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf)[w_row * Kdim / 16 + k0 / 16 + a_half];
-            const uint2 cw = *(const uint2 *)codes;
-            decode8(cw.x, sf, as);
-            decode8(cw.y, sf, as + 8);
-        } else {
-            const uint4 *src = (const uint4 *)((PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16) + w_row * Kdim + k0 +
-                                               a_half * 16);
-            ((uint4 *)as)[0] = src[0];
-            ((uint4 *)as)[1] = src[1];
+    /* Weights are prefetched DEPTH K steps ahead (NVFP4: 2, its raw steps are small; BF16: 1). */
+    constexpr int DEPTH = nvfp4 ? 2 : 1;
+    a_raw<nvfp4> ar[DEPTH][GROUPS_PER_WARP];
+    b_raw br;
+#pragma unroll
+    for (int d = 0; d < DEPTH; d++)
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+            if (d < nkc) load_a<nvfp4>(ar[d][q], codes, sfs, wb, group0 + q, d, nkc, lane);
+    load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, 0);
+    store_b<PHASE, nvfp4>(br, ncols, Bs[0]);
+    __syncthreads();
+
+    for (int kc = 0; kc < nkc; kc++) {
+        const int buf = kc & 1;
+        a_raw<nvfp4> cur[GROUPS_PER_WARP];
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) {
+            cur[q] = ar[0][q];
+#pragma unroll
+            for (int d = 0; d + 1 < DEPTH; d++) ar[d][q] = ar[d + 1][q];
         }
-        /* B: 8 values of token row b_row from k0 + 8 * b_q. */
-        uint16_t *bs = Bs + b_row * LDS + b_q * 8;
-        if (b_code < 0) {
-            *(uint4 *)bs = make_uint4(0, 0, 0, 0);
-        } else if (PHASE == PHASE_DOWN) {
-            *(uint4 *)bs = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + b_row) * I + k0 + b_q * 8);
-        } else if (nvfp4) {
-            const uint32_t cw = *(const uint32_t *)(b_src + L.x + (size_t)b_token * H / 2 + k0 / 2 + b_q * 4);
-            const uint8_t sf = (b_src + L.x_sf)[(size_t)b_token * H / 16 + k0 / 16 + b_q / 2];
-            decode8(cw, sf, bs);
-        } else {
-            *(uint4 *)bs = *(const uint4 *)((const uint16_t *)(b_src + L.x) + (size_t)b_token * H + k0 + b_q * 8);
-        }
-        __syncthreads();
-        for (int kk = 0; kk < BK; kk += 16) {
-            uint32_t a[4];
-            const uint16_t *ar = As + (warp * 16 + g) * LDS + kk + 2 * c;
-            a[0] = *(const uint32_t *)ar;
-            a[1] = *(const uint32_t *)(ar + 8 * LDS);
-            a[2] = *(const uint32_t *)(ar + 8);
-            a[3] = *(const uint32_t *)(ar + 8 * LDS + 8);
+        if (kc + DEPTH < nkc) /* issue the loads of a later step before this step's math */
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+                load_a<nvfp4>(ar[DEPTH - 1][q], codes, sfs, wb, group0 + q, kc + DEPTH, nkc, lane);
+        if (kc + 1 < nkc) load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, (kc + 1) * BK);
+        const uint16_t *bs = Bs[buf];
+#pragma unroll
+        for (int s = 0; s < BK / 16; s++) {
+            uint32_t a[GROUPS_PER_WARP][4];
+            for (int q = 0; q < GROUPS_PER_WARP; q++) decode_a<nvfp4>(cur[q], s, a[q]);
+#pragma unroll
             for (int nt = 0; nt < 8; nt++) {
-                uint32_t b[2];
-                const uint16_t *br = Bs + (nt * 8 + g) * LDS + kk + 2 * c;
-                b[0] = *(const uint32_t *)br;
-                b[1] = *(const uint32_t *)(br + 8);
-                mma16816(acc[nt], a, b, !nvfp4);
+                if (nt >= ntiles_n) break;
+                const uint16_t *brow = bs + (nt * 8 + g) * LDB + 16 * s + 2 * c;
+                const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
+                for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(acc[q][nt], a[q], b0, b1, !nvfp4);
             }
         }
+        if (kc + 1 < nkc) store_b<PHASE, nvfp4>(br, ncols, Bs[buf ^ 1]);
         __syncthreads();
     }
 
+    /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
+    const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
     if constexpr (PHASE == PHASE_DOWN) {
         const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, alpha2 = nvfp4 ? W.w2_alpha[e] : 1.0f;
-        for (int nt = 0; nt < 8; nt++) {
-            for (int j = 0; j < 4; j++) {
-                const int col = nt * 8 + 2 * c + (j & 1), row = warp * 16 + g + (j >> 1) * 8;
-                if (col >= ncols) continue;
-                const slot_info si = decode_slot(sh, col_code[col]);
-                float p = acc[nt][j];
-                if (nvfp4) p = mm_mul(mm_mul(p, a2), alpha2);
-                ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * H + row0 + row] = p;
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) {
+            const int row_base = (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP + q) * 16;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                if (nt >= ntiles_n) break;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int col = nt * 8 + 2 * c + (j & 1), h = row_base + g + (j >> 1) * 8;
+                    if (col >= ncols) continue;
+                    const slot_info si = decode_slot(sh, col_code[col]);
+                    float p = acc[q][nt][j];
+                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+                    ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
+                }
             }
         }
     } else {
-        gate_up_epilogue(sh, L, mine, W, e, first, ncols, row0, acc, Cs, col_scale);
+        /* Rows g (gate) and g+8 (up) of group q are intermediate index i = 8 * group + g. The warp's two
+         * groups are one NVFP4 block of 16 indices of the down projection's input. */
+        const float alpha_g = nvfp4 ? W.w13_alpha[e * 2] : 1.0f, alpha_u = nvfp4 ? W.w13_alpha[e * 2 + 1] : 1.0f;
+        const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, C = sh.clamp;
+        const int i_base = (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP) * 8;
+        uint16_t *act = (uint16_t *)(mine + L.act);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            if (nt >= ntiles_n) break;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int col = nt * 8 + 2 * c + half; /* uniform validity across the 8 lanes of a column */
+                const float s = col_scale[col < BN ? col : 0];
+                float a[GROUPS_PER_WARP];
+                float amax = 0.0f;
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    float gv = acc[q][nt][half], uv = acc[q][nt][2 + half];
+                    if (nvfp4) {
+                        gv = mm_mul(mm_mul(mm_mul(gv, unbias), s), alpha_g);
+                        uv = mm_mul(mm_mul(mm_mul(uv, unbias), s), alpha_u);
+                    }
+                    if (C > 0.0f) {
+                        gv = fminf(gv, C);
+                        uv = fminf(fmaxf(uv, -C), C);
+                    }
+                    a[q] = mm_mul(mm_div(gv, mm_add(1.0f, expf(-gv))), uv);
+                    amax = mm_max_nan(amax, mm_fabs(a[q]));
+                }
+                uint16_t out[GROUPS_PER_WARP];
+                if (nvfp4) {
+                    for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+                    const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                        const float v = sf == 0.0f ? 0.0f
+                                                   : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
+                        out[q] = to_f16_bits(v);
+                    }
+                } else {
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
+                }
+                if (col < ncols)
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+            }
+        }
     }
 }
 
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                        const mm_dev_weights *weights, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
-    sm90_expert_gemm_kernel<PHASE_GATE_UP><<<dim3(L.max_tiles, sh.I / (BM / 2), sh.R), 256, 0, s>>>(sh, L, peers,
-                                                                                                   weights);
-    MM_CUDA_TRY(cudaGetLastError());
-    sm90_expert_gemm_kernel<PHASE_DOWN><<<dim3(L.max_tiles, sh.H / BM, sh.R), 256, 0, s>>>(sh, L, peers, weights);
+    const dim3 grid_gate_up(L.max_tiles, 2 * sh.I / ROWS_PER_BLOCK, sh.R), grid_down(L.max_tiles, sh.H / ROWS_PER_BLOCK, sh.R);
+    if (sh.nvfp4) {
+        sm90_expert_gemm_kernel<PHASE_GATE_UP, true><<<grid_gate_up, WARPS * 32, 0, s>>>(sh, L, peers, weights);
+        MM_CUDA_TRY(cudaGetLastError());
+        sm90_expert_gemm_kernel<PHASE_DOWN, true><<<grid_down, WARPS * 32, 0, s>>>(sh, L, peers, weights);
+    } else {
+        sm90_expert_gemm_kernel<PHASE_GATE_UP, false><<<grid_gate_up, WARPS * 32, 0, s>>>(sh, L, peers, weights);
+        MM_CUDA_TRY(cudaGetLastError());
+        sm90_expert_gemm_kernel<PHASE_DOWN, false><<<grid_down, WARPS * 32, 0, s>>>(sh, L, peers, weights);
+    }
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

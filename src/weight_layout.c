@@ -1,0 +1,62 @@
+/*
+ * weight_layout.c -- packing expert weights into the kernel layout of weight_layout.h, and the
+ * inverse (tested as a round trip on the CPU).
+ */
+#include "weight_layout.h"
+
+/* Visits every (checkpoint element, kernel position) pair of a [rows, K] matrix. */
+#define FOR_EACH_FRAGMENT_ELEMENT(BODY)                                                            \
+    for (int64_t q = 0; q < rows / 16; q++)                                                        \
+        for (int64_t kc = 0; kc < K / MM_FRAG_K; kc++)                                             \
+            for (int lane = 0; lane < 32; lane++)                                                  \
+                for (int s = 0; s < 4; s++)                                                        \
+                    for (int j = 0; j < 4; j++)                                                    \
+                        for (int e = 0; e < 2; e++) {                                              \
+                            const int g = lane >> 2, c = lane & 3;                                 \
+                            const int64_t row = mm_layout_row(q, g + 8 * (j & 1), gate_up, rows / 2); \
+                            const int64_t k = MM_FRAG_K * kc + 16 * s + 2 * c + 8 * (j >> 1) + e; \
+                            const int64_t frag = (q * (K / MM_FRAG_K) + kc) * 32 + lane;           \
+                            BODY                                                                   \
+                        }
+
+static uint8_t get_code(const uint8_t *codes, int64_t K, int64_t row, int64_t k) {
+    return (uint8_t)((codes[row * (K / 2) + k / 2] >> (4 * (k & 1))) & 15);
+}
+
+static void put_code(uint8_t *bytes, int64_t index, int odd, uint8_t code) {
+    bytes[index] = (uint8_t)((bytes[index] & (odd ? 0x0F : 0xF0)) | (code << (odd ? 4 : 0)));
+}
+
+/* Scale bytes: (group, step, g, s, which row) <-> checkpoint [row, K/16]. */
+#define FOR_EACH_SCALE(BODY)                                                                       \
+    for (int64_t q = 0; q < rows / 16; q++)                                                        \
+        for (int64_t kc = 0; kc < K / MM_FRAG_K; kc++)                                             \
+            for (int g = 0; g < 8; g++)                                                            \
+                for (int s = 0; s < 4; s++)                                                        \
+                    for (int h = 0; h < 2; h++) {                                                  \
+                        const int64_t row = mm_layout_row(q, g + 8 * h, gate_up, rows / 2);       \
+                        const int64_t src = row * (K / 16) + 4 * kc + s;                           \
+                        const int64_t dst = ((q * (K / MM_FRAG_K) + kc) * 8 + g) * 8 + 2 * s + h;  \
+                        BODY                                                                       \
+                    }
+
+void mm_layout_pack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
+                          uint8_t *out_codes, uint8_t *out_sf) {
+    FOR_EACH_FRAGMENT_ELEMENT(put_code(out_codes, frag * 16 + 4 * s + j, e, get_code(codes, K, row, k));)
+    FOR_EACH_SCALE(out_sf[dst] = sf[src];)
+}
+
+void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
+                            uint8_t *out_codes, uint8_t *out_sf) {
+    FOR_EACH_FRAGMENT_ELEMENT(put_code(out_codes, row * (K / 2) + k / 2, (int)(k & 1),
+                                       (uint8_t)((codes[frag * 16 + 4 * s + j] >> (4 * e)) & 15));)
+    FOR_EACH_SCALE(out_sf[src] = sf[dst];)
+}
+
+void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
+    FOR_EACH_FRAGMENT_ELEMENT(out[frag * 32 + 8 * s + 2 * j + e] = w[row * K + k];)
+}
+
+void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
+    FOR_EACH_FRAGMENT_ELEMENT(out[row * K + k] = w[frag * 32 + 8 * s + 2 * j + e];)
+}

@@ -1,0 +1,48 @@
+/*
+ * weight_layout.h -- the kernel layout of expert weights, defined once for the finalize step (host)
+ * and the GEMM kernels (device).
+ *
+ * A weight matrix [rows, K] is cut into 16-row groups and 64-wide K steps. For each (group, step)
+ * the 32 lanes of a warp each own 16 contiguous bytes of E2M1 codes (NVFP4) or 64 bytes of bf16
+ * (BF16): exactly the A fragments of four mma.sync m16n8k16 (k16 steps s = 0..3). Lane l = 4g + c:
+ *   register j of step s holds the pair (row, k), (row, k+1) with
+ *   row = g + 8 * (j & 1),  k = 64 * step + 16 * s + 2c + 8 * (j >> 1);
+ *   NVFP4: byte 4s + j of the lane's 16 bytes, the even k in the low nibble;
+ *   BF16:  16-bit elements 8s + 2j, 8s + 2j + 1 of the lane's 32.
+ * Block scales (NVFP4) per (group, step): 8 bytes per g: byte 2s = row g, 2s+1 = row g+8 of block
+ * 4 * step + s; the 4 lanes of a quad read the same 8 bytes.
+ * Gate/up (w13, 2I rows) are interleaved by 8: group q holds gate rows 8q..8q+7 then up rows
+ * 8q..8q+7, so a thread's accumulator rows g and g+8 are the gate and up of one intermediate index.
+ */
+#ifndef MEGAMOE_WEIGHT_LAYOUT_H
+#define MEGAMOE_WEIGHT_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MM_FRAG_K 64
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Checkpoint row of row r (0..15) of group q: interleaved gate/up (rows = 2I) or plain. */
+static inline int64_t mm_layout_row(int64_t q, int r, int gate_up, int64_t I) {
+    if (!gate_up) return 16 * q + r;
+    return r < 8 ? 8 * q + r : I + 8 * q + (r - 8);
+}
+
+/* NVFP4 [rows, K/2] codes + [rows, K/16] scales -> kernel layout (same byte counts). */
+void mm_layout_pack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
+                          uint8_t *out_codes, uint8_t *out_sf);
+void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
+                            uint8_t *out_codes, uint8_t *out_sf);
+/* BF16 [rows, K] -> kernel layout, and back. */
+void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out);
+void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEGAMOE_WEIGHT_LAYOUT_H */
