@@ -27,6 +27,16 @@ static void put_code(uint8_t *bytes, int64_t index, int odd, uint8_t code) {
     bytes[index] = (uint8_t)((bytes[index] & (odd ? 0x0F : 0xF0)) | (code << (odd ? 4 : 0)));
 }
 
+/* The kernel byte of a code: A form (registers 0, 1) or B form (registers 2, 3). */
+static uint8_t to_form(uint8_t code, int b_form) {
+    return b_form ? (uint8_t)(((code & 8) >> 3) | ((code & 7) << 4)) : (uint8_t)(((code & 8) << 4) | ((code & 7) << 1));
+}
+static uint8_t from_form(uint8_t byte, int b_form) {
+    return b_form ? (uint8_t)(((byte & 1) << 3) | ((byte >> 4) & 7)) : (uint8_t)(((byte >> 4) & 8) | ((byte >> 1) & 7));
+}
+/* Byte of the lane's 16 that holds register j's element e of k16 step s. */
+static int64_t kernel_byte(int64_t frag, int s, int j, int e) { return frag * 16 + 4 * s + 2 * (j & 1) + e; }
+
 /* Scale bytes: (group, step, g, s, which row) <-> checkpoint [row, K/16]. */
 #define FOR_EACH_SCALE(BODY)                                                                       \
     for (int64_t q = 0; q < rows / 16; q++)                                                        \
@@ -42,14 +52,16 @@ static void put_code(uint8_t *bytes, int64_t index, int odd, uint8_t code) {
 
 void mm_layout_pack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
                           uint8_t *out_codes, uint8_t *out_sf) {
-    FOR_EACH_FRAGMENT_ELEMENT(put_code(out_codes, frag * 16 + 4 * s + j, e, get_code(codes, K, row, k));)
+    FOR_EACH_FRAGMENT_ELEMENT(out_codes[kernel_byte(frag, s, j, e)] = (uint8_t)(
+                                  (j < 2 ? out_codes[kernel_byte(frag, s, j, e)] & 0x71 : out_codes[kernel_byte(frag, s, j, e)] & 0x8E) |
+                                  to_form(get_code(codes, K, row, k), j >= 2));)
     FOR_EACH_SCALE(out_sf[dst] = sf[src];)
 }
 
 void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
                             uint8_t *out_codes, uint8_t *out_sf) {
     FOR_EACH_FRAGMENT_ELEMENT(put_code(out_codes, row * (K / 2) + k / 2, (int)(k & 1),
-                                       (uint8_t)((codes[frag * 16 + 4 * s + j] >> (4 * e)) & 15));)
+                                       from_form(codes[kernel_byte(frag, s, j, e)], j >= 2));)
     FOR_EACH_SCALE(out_sf[src] = sf[dst];)
 }
 

@@ -7,8 +7,12 @@
  * (BF16): exactly the A fragments of four mma.sync m16n8k16 (k16 steps s = 0..3). Lane l = 4g + c:
  *   register j of step s holds the pair (row, k), (row, k+1) with
  *   row = g + 8 * (j & 1),  k = 64 * step + 16 * s + 2c + 8 * (j >> 1);
- *   NVFP4: byte 4s + j of the lane's 16 bytes, the even k in the low nibble;
  *   BF16:  16-bit elements 8s + 2j, 8s + 2j + 1 of the lane's 32.
+ *   NVFP4: word s of the lane's 16 bytes holds the 8 codes of step s in two bit positions per byte,
+ *   chosen so the kernel's decode is ~1 integer op per weight (KERNEL_NOTES §2.2b):
+ *     "A form" bits 7 (sign) and 3..1 (e1 e0 m): registers 0 and 1, byte 2(j&1) + (k odd);
+ *     "B form" bits 0 (sign) and 6..4:           registers 2 and 3, likewise.
+ *   A form is an f16 high byte whose value is code * 2^-14; (w << 7 | w >> 3) turns B into A.
  * Block scales (NVFP4) per (group, step): 8 bytes per g: byte 2s = row g, 2s+1 = row g+8 of block
  * 4 * step + s; the 4 lanes of a quad read the same 8 bytes.
  * Gate/up (w13, 2I rows) are interleaved by 8: group q holds gate rows 8q..8q+7 then up rows

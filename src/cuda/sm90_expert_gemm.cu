@@ -98,15 +98,19 @@ __device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t 
         for (int j = 0; j < 4; j++) a[j] = w[j];
         return;
     } else {
+    /* weight_layout.h: A-form bits are f16 high bytes (code * 2^-14); B form becomes A form with two
+     * shifts and two logic ops; one PRMT per register places two codes under zero low bytes. */
     const uint32_t word = ((const uint32_t *)&r.w[0])[s];
+    const uint32_t a_form = word & 0x8E8E8E8Eu;
+    const uint32_t b_form = ((word << 7) & 0x80808080u) | ((word >> 3) & 0x0E0E0E0Eu);
     const uint32_t sfw = (s < 2 ? r.sf.x : r.sf.y) >> (16 * (s & 1)); /* scale bytes of rows g, g+8 */
     const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sfw & 0xFFFFu), __NV_E4M3);
     const __half2 s2 = *reinterpret_cast<const __half2 *>(&sr);
     const __half2 s_g = __low2half2(s2), s_g8 = __high2half2(s2);
-    a[0] = hmul2_bits(e2m1x2_to_f16x2_biased(word & 0xFFu), s_g);
-    a[1] = hmul2_bits(e2m1x2_to_f16x2_biased((word >> 8) & 0xFFu), s_g8);
-    a[2] = hmul2_bits(e2m1x2_to_f16x2_biased((word >> 16) & 0xFFu), s_g);
-    a[3] = hmul2_bits(e2m1x2_to_f16x2_biased(word >> 24), s_g8);
+    a[0] = hmul2_bits(__byte_perm(a_form, 0u, 0x1404), s_g);
+    a[1] = hmul2_bits(__byte_perm(a_form, 0u, 0x3424), s_g8);
+    a[2] = hmul2_bits(__byte_perm(b_form, 0u, 0x1404), s_g);
+    a[3] = hmul2_bits(__byte_perm(b_form, 0u, 0x3424), s_g8);
     }
 }
 

@@ -32,25 +32,55 @@ __global__ void sm90_route_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     if (threadIdx.x == 0) ((int32_t *)(peers[r] + L.expert_count))[e] = count;
 }
 
+/* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
+__device__ int block_exclusive_scan(int v, int *total) {
+    __shared__ int warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += n;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = 0, sum = 0;
+    for (int w = 0; w < nwarps; w++) {
+        before += w < warp ? warp_sums[w] : 0;
+        sum += warp_sums[w];
+    }
+    *total = sum;
+    return before + incl - v;
+}
+
+/* Expert offsets and the tile list, in expert order: one block per rank, experts in chunks of
+ * blockDim.x with a block-wide scan (a single thread walking 256 experts cost ~0.1 ms). */
 __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
-    const int r = blockIdx.x;
-    if (threadIdx.x != 0) return;
-    uint8_t *b = peers[r];
+    uint8_t *b = peers[blockIdx.x];
     const int32_t *count = (const int32_t *)(b + L.expert_count);
     int32_t *offset = (int32_t *)(b + L.expert_offset);
     int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
-    int total = 0, tiles = 0;
-    for (int e = 0; e < sh.E_r; e++) {
-        offset[e] = total;
-        for (int s = 0; s < count[e]; s += MM_TILE_TOKENS) {
-            tile_expert[tiles] = e;
-            tile_start[tiles] = s;
-            tiles++;
+    int slot_base = 0, tile_base = 0;
+    for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
+        const int e = e0 + threadIdx.x;
+        const int n = e < sh.E_r ? count[e] : 0, tiles = (n + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+        int slot_total, tile_total;
+        const int slot_off = block_exclusive_scan(n, &slot_total);
+        const int tile_off = block_exclusive_scan(tiles, &tile_total);
+        if (e < sh.E_r) {
+            offset[e] = slot_base + slot_off;
+            for (int i = 0; i < tiles; i++) {
+                tile_expert[tile_base + tile_off + i] = e;
+                tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
+            }
         }
-        total += count[e];
+        slot_base += slot_total;
+        tile_base += tile_total;
     }
-    offset[sh.E_r] = total;
-    *(int32_t *)(b + L.num_tiles) = tiles;
+    if (threadIdx.x == 0) {
+        offset[sh.E_r] = slot_base;
+        *(int32_t *)(b + L.num_tiles) = tile_base;
+    }
 }
 
 __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
@@ -79,7 +109,7 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     const dim3 grid(sh.E_r, sh.R);
     sm90_route_count_kernel<<<grid, 256, 0, s>>>(sh, L, peers);
     MM_CUDA_TRY(cudaGetLastError());
-    sm90_route_tiles_kernel<<<sh.R, 32, 0, s>>>(sh, L, peers);
+    sm90_route_tiles_kernel<<<sh.R, 256, 0, s>>>(sh, L, peers);
     MM_CUDA_TRY(cudaGetLastError());
     sm90_route_fill_kernel<<<grid, 256, 0, s>>>(sh, L, peers);
     MM_CUDA_TRY(cudaGetLastError());
