@@ -114,6 +114,35 @@ __device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t 
     }
 }
 
+/* NVFP4 weights travel through a per-warp ring of STAGES shared-memory slots filled by cp.async: the
+ * copies in flight hold no registers, so more of them fit (HBM needs ~33 KB in flight per SM). */
+#define STAGES 4
+#define A_SLOT 576 /* one 16-row group's K step: 32 lanes x 16 B codes + 8 x 8 B scales */
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Issues the copies of K step kc of the warp's groups into its ring (then one commit group). */
+__device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, const uint8_t *sf, size_t group0, int kc,
+                                        int nkc, int lane, int groups) {
+    if (kc < nkc) {
+        for (int q = 0; q < groups; q++) {
+            uint8_t *slot = ring + ((kc & (STAGES - 1)) * groups + q) * A_SLOT;
+            const size_t step = (group0 + q) * nkc + kc;
+            cp_async16(slot + lane * 16, codes + step * 512 + lane * 16);
+            if (lane < 8) cp_async8(slot + 512 + lane * 8, sf + step * 64 + lane * 8);
+        }
+    }
+    cp_async_commit(); /* an empty group past the end keeps the wait count uniform */
+}
+
 /* Raw activation data of this thread's part of a K step: 4 rows x 8 values (row = tid/2 + 32i...). */
 struct b_raw {
     uint4 v[4];
@@ -171,6 +200,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights) {
     __shared__ __align__(16) uint16_t Bs[2][BN * LDB];
+    __shared__ __align__(16) uint8_t a_ring[NVFP4 ? WARPS * STAGES * GROUPS_PER_WARP * A_SLOT : 16];
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
     __shared__ float col_scale[BN];
 
@@ -215,15 +245,18 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[q][i][j] = 0.0f;
 
-    /* Weights are prefetched DEPTH K steps ahead (NVFP4: 2, its raw steps are small; BF16: 1). */
-    constexpr int DEPTH = nvfp4 ? 2 : 1;
+    /* BF16 weights are prefetched one K step ahead in registers; NVFP4 through the cp.async ring. */
+    constexpr int DEPTH = 1;
     a_raw<nvfp4> ar[DEPTH][GROUPS_PER_WARP];
     b_raw br;
+    uint8_t *ring = a_ring + warp * STAGES * GROUPS_PER_WARP * A_SLOT;
+    if constexpr (nvfp4) {
 #pragma unroll
-    for (int d = 0; d < DEPTH; d++)
+        for (int st = 0; st < STAGES - 1; st++) issue_a(ring, codes, sfs, group0, st, nkc, lane, GROUPS_PER_WARP);
+    } else {
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++)
-            if (d < nkc) load_a<nvfp4>(ar[d][q], codes, sfs, wb, group0 + q, d, nkc, lane);
+        for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, 0, nkc, lane);
+    }
     load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, 0);
     store_b<PHASE, nvfp4>(br, ncols, Bs[0]);
     __syncthreads();
@@ -231,16 +264,25 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     for (int kc = 0; kc < nkc; kc++) {
         const int buf = kc & 1;
         a_raw<nvfp4> cur[GROUPS_PER_WARP];
+        if constexpr (nvfp4) {
+            __syncwarp(); /* every lane is done with the slot the next copies overwrite */
+            issue_a(ring, codes, sfs, group0, kc + STAGES - 1, nkc, lane, GROUPS_PER_WARP);
+            cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
+            __syncwarp();                 /* and so have the other lanes' */
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) {
-            cur[q] = ar[0][q];
+            for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                const uint8_t *slot = ring + ((kc & (STAGES - 1)) * GROUPS_PER_WARP + q) * A_SLOT;
+                cur[q].w[0] = *(const uint4 *)(slot + lane * 16);
+                cur[q].sf = *(const uint2 *)(slot + 512 + g * 8);
+            }
+        } else {
 #pragma unroll
-            for (int d = 0; d + 1 < DEPTH; d++) ar[d][q] = ar[d + 1][q];
+            for (int q = 0; q < GROUPS_PER_WARP; q++) cur[q] = ar[0][q];
+            if (kc + 1 < nkc)
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
         }
-        if (kc + DEPTH < nkc) /* issue the loads of a later step before this step's math */
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-                load_a<nvfp4>(ar[DEPTH - 1][q], codes, sfs, wb, group0 + q, kc + DEPTH, nkc, lane);
         if (kc + 1 < nkc) load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, (kc + 1) * BK);
         const uint16_t *bs = Bs[buf];
 #pragma unroll
