@@ -43,11 +43,14 @@ typedef struct mm_buffer_layout {
     uint64_t tile_start;     /* [max_tiles] i32 first slot (within the expert) of each tile        */
     uint64_t act;            /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t error;          /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
+    uint64_t splitk_ws;      /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
+    uint64_t splitk_counters;/* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
     int max_tiles;           /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
     uint64_t total;          /* bytes per rank                                                     */
 } mm_buffer_layout;
 
-#define MM_TILE_TOKENS 64 /* tokens per tile of the device expert GEMMs */
+#define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
+#define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 

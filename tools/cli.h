@@ -57,12 +57,16 @@ int cli_layer_create(megamoe_backend backend, int ranks, int threads, const mega
                      cli_layer *out);
 void cli_layer_destroy(cli_layer *c);
 
-/* Splits T tokens over R ranks in contiguous chunks of ceil(T/R) and runs one forward. */
+/* Splits T tokens over R ranks in contiguous chunks of ceil(T/R) and runs one forward (on `stream`,
+ * a cudaStream_t, for a device backend; NULL is the default stream). */
 megamoe_status cli_forward_split(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
                                  const float *weights, const uint8_t *padding, uint16_t *y);
+megamoe_status cli_forward_split_on(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
+                                    const float *weights, const uint8_t *padding, uint16_t *y, void *stream);
 
 /* The same on a device backend: host inputs are uploaded, y is downloaded. With iters > 0 the
- * forward runs iters times after a warm-up and *ms gets the median (CUDA events). */
+ * forward is captured in a CUDA graph and replayed iters times after a warm-up, the L2 cache flushed
+ * before each replay, and *ms gets the median replay time (CUDA events). */
 megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
                                         const float *weights, const uint8_t *padding, uint16_t *y, int iters,
                                         double *ms);

@@ -147,6 +147,11 @@ void cli_layer_destroy(cli_layer *c) {
 
 megamoe_status cli_forward_split(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
                                  const float *weights, const uint8_t *padding, uint16_t *y) {
+    return cli_forward_split_on(c, T, K, H, x, ids, weights, padding, y, NULL);
+}
+
+megamoe_status cli_forward_split_on(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
+                                    const float *weights, const uint8_t *padding, uint16_t *y, void *stream) {
     const int R = megamoe_group_local_ranks(c->group);
     megamoe_forward_args *args = calloc((size_t)R, sizeof *args);
     if (!args) return MEGAMOE_ERR_OUT_OF_MEMORY;
@@ -161,7 +166,7 @@ megamoe_status cli_forward_split(cli_layer *c, int T, int K, int H, const uint16
         args[r].is_padding = padding ? padding + t0 : NULL;
         args[r].y = y + (size_t)t0 * H;
     }
-    megamoe_status st = megamoe_layer_forward(c->layer, args, NULL);
+    megamoe_status st = megamoe_layer_forward(c->layer, args, stream);
     free(args);
     return st;
 }

@@ -103,6 +103,11 @@ extern "C" megamoe_status mm_cuda_buffer_alloc(megamoe_group *g, mm_buffer *b) {
             b->rank_base[r] = NULL;
         }
     }
+    for (int r = 0; r < g->local_ranks && st == MEGAMOE_OK; r++) { /* split-K counters start at 0 */
+        cudaError_t err = cudaMemset((uint8_t *)b->rank_base[r] + b->layout.splitk_counters, 0,
+                                     MM_SPLITK_ENTRIES * sizeof(int));
+        if (err != cudaSuccess) st = mm_cuda_error(err, "cudaMemset(split-K counters)", __FILE__, __LINE__);
+    }
     if (st == MEGAMOE_OK) {
         cudaError_t err = cudaMalloc(&b->peer_table, sizeof(void *) * (size_t)g->local_ranks);
         if (err == cudaSuccess)
@@ -293,7 +298,9 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     }
     megamoe_status st = sm90_route_launch(sh, L, peers, s);
     if (st) return st;
-    st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, s);
+    int total_tokens = 0;
+    for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
+    st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, s);
     if (st) return st;
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,

@@ -63,7 +63,7 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  cudaStream_t s);
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       const mm_dev_weights *weights, cudaStream_t s);
+                                       const mm_dev_weights *weights, int total_tokens, cudaStream_t s);
 megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
                                    const float *gamma, const mm_dev_rank_args &a, cudaStream_t s);
 

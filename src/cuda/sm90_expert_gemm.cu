@@ -131,8 +131,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 /* Issues the copies of K step kc of the warp's groups into its ring (then one commit group). */
 __device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, const uint8_t *sf, size_t group0, int kc,
-                                        int nkc, int lane, int groups) {
-    if (kc < nkc) {
+                                        int kc_end, int nkc, int lane, int groups) {
+    if (kc < kc_end) {
         for (int q = 0; q < groups; q++) {
             uint8_t *slot = ring + ((kc & (STAGES - 1)) * groups + q) * A_SLOT;
             const size_t step = (group0 + q) * nkc + kc;
@@ -195,16 +195,17 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs)
     }
 }
 
-template <int PHASE, bool NVFP4>
+template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
-                                                                       const mm_dev_weights *weights) {
+                                                                       const mm_dev_weights *weights, int splits,
+                                                                       int ws_tiles) {
     __shared__ __align__(16) uint16_t Bs[2][BN * LDB];
     __shared__ __align__(16) uint8_t a_ring[NVFP4 ? WARPS * STAGES * GROUPS_PER_WARP * A_SLOT : 16];
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
     __shared__ float col_scale[BN];
 
-    const int r = blockIdx.z, tile = blockIdx.x;
+    const int r = blockIdx.z / splits, split = blockIdx.z % splits, tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
@@ -214,6 +215,9 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int ncols = min(BN, count - start), ntiles_n = (ncols + 7) / 8;
     constexpr bool nvfp4 = NVFP4;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    /* Split-K: this block sums K steps [kc0, kc1); the last of the splits to finish adds the partial
+     * sums in split order (deterministic) and runs the epilogue. */
+    const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
     const mm_dev_weights W = weights[r];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -252,21 +256,21 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     uint8_t *ring = a_ring + warp * STAGES * GROUPS_PER_WARP * A_SLOT;
     if constexpr (nvfp4) {
 #pragma unroll
-        for (int st = 0; st < STAGES - 1; st++) issue_a(ring, codes, sfs, group0, st, nkc, lane, GROUPS_PER_WARP);
+        for (int st = 0; st < STAGES - 1; st++) issue_a(ring, codes, sfs, group0, kc0 + st, kc1, nkc, lane, GROUPS_PER_WARP);
     } else {
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, 0, nkc, lane);
+        for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
     }
-    load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, 0);
+    load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, kc0 * BK);
     store_b<PHASE, nvfp4>(br, ncols, Bs[0]);
     __syncthreads();
 
-    for (int kc = 0; kc < nkc; kc++) {
-        const int buf = kc & 1;
+    for (int kc = kc0; kc < kc1; kc++) {
+        const int buf = (kc - kc0) & 1;
         a_raw<nvfp4> cur[GROUPS_PER_WARP];
         if constexpr (nvfp4) {
             __syncwarp(); /* every lane is done with the slot the next copies overwrite */
-            issue_a(ring, codes, sfs, group0, kc + STAGES - 1, nkc, lane, GROUPS_PER_WARP);
+            issue_a(ring, codes, sfs, group0, kc + STAGES - 1, kc1, nkc, lane, GROUPS_PER_WARP);
             cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
             __syncwarp();                 /* and so have the other lanes' */
 #pragma unroll
@@ -278,12 +282,12 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
         } else {
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++) cur[q] = ar[0][q];
-            if (kc + 1 < nkc)
+            if (kc + 1 < kc1)
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
                     load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
         }
-        if (kc + 1 < nkc) load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, (kc + 1) * BK);
+        if (kc + 1 < kc1) load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, (kc + 1) * BK);
         const uint16_t *bs = Bs[buf];
 #pragma unroll
         for (int s = 0; s < BK / 16; s++) {
@@ -297,8 +301,43 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                 for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(acc[q][nt], a[q], b0, b1, !nvfp4);
             }
         }
-        if (kc + 1 < nkc) store_b<PHASE, nvfp4>(br, ncols, Bs[buf ^ 1]);
+        if (kc + 1 < kc1) store_b<PHASE, nvfp4>(br, ncols, Bs[buf ^ 1]);
         __syncthreads();
+    }
+
+    if constexpr (SPLIT) {
+        __shared__ int is_last;
+        const size_t entry = (size_t)blockIdx.y * ws_tiles + tile; /* < the workspace's entries */
+        float *ws = (float *)(mine + L.splitk_ws);
+        float *mine_part = ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WARPS * 32);
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) __stcg(mine_part + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid, acc[q][i][j]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int *counter = (int *)(mine + L.splitk_counters) + entry;
+            is_last = atomicAdd(counter, 1) == splits - 1;
+            if (is_last) *counter = 0; /* ready for the next forward */
+        }
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float sum = 0.0f;
+                    for (int sp = 0; sp < splits; sp++)
+                        sum += __ldcg(ws + (entry * splits + sp) * (GROUPS_PER_WARP * 32 * WARPS * 32) +
+                                      ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid);
+                    acc[q][i][j] = sum;
+                }
     }
 
     /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
@@ -371,18 +410,43 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
 }
 
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       const mm_dev_weights *weights, cudaStream_t s) {
+                                       const mm_dev_weights *weights, int total_tokens, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
-    const dim3 grid_gate_up(L.max_tiles, 2 * sh.I / ROWS_PER_BLOCK, sh.R), grid_down(L.max_tiles, sh.H / ROWS_PER_BLOCK, sh.R);
+    /* Split K when the tiles are too few to fill the GPU (decode). The choice depends on the global
+     * token count and the shape only, never on R, so y stays bitwise independent of R. */
+    const long slots = (long)total_tokens * sh.K;
+    const int active = (int)(slots < sh.E ? slots : sh.E);                        /* tiles, about */
+    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS); /* a bound */
+    const int y_gate_up = 2 * sh.I / ROWS_PER_BLOCK, y_down = sh.H / ROWS_PER_BLOCK;
+    auto pick = [&](int y, int nkc) {
+        const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
+        int sp = (target + blocks - 1) / blocks;
+        sp = sp < nkc / 8 ? sp : nkc / 8;
+        sp = sp < 8 ? sp : 8;
+        if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
+        return sp;
+    };
+    const int sp1 = pick(y_gate_up, sh.H / BK), sp2 = pick(y_down, sh.I / BK);
+    /* A rank has at most ws_tiles tiles: launching max_tiles (sized for T_max) would schedule
+     * thousands of blocks that only read the tile count and exit, ~0.2 ms at T = 1. */
+    const int tiles = L.max_tiles < ws_tiles ? L.max_tiles : ws_tiles;
+    if (tiles <= 0) return MEGAMOE_OK;
+    const dim3 grid_gate_up(tiles, y_gate_up, sh.R * sp1), grid_down(tiles, y_down, sh.R * sp2);
+    /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
+#define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
+    do {                                                                                                      \
+        if ((sp) > 1) sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, sp, ws_tiles); \
+        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, 1, ws_tiles);          \
+        MM_CUDA_TRY(cudaGetLastError());                                                                      \
+    } while (0)
     if (sh.nvfp4) {
-        sm90_expert_gemm_kernel<PHASE_GATE_UP, true><<<grid_gate_up, WARPS * 32, 0, s>>>(sh, L, peers, weights);
-        MM_CUDA_TRY(cudaGetLastError());
-        sm90_expert_gemm_kernel<PHASE_DOWN, true><<<grid_down, WARPS * 32, 0, s>>>(sh, L, peers, weights);
+        MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
+        MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
     } else {
-        sm90_expert_gemm_kernel<PHASE_GATE_UP, false><<<grid_gate_up, WARPS * 32, 0, s>>>(sh, L, peers, weights);
-        MM_CUDA_TRY(cudaGetLastError());
-        sm90_expert_gemm_kernel<PHASE_DOWN, false><<<grid_down, WARPS * 32, 0, s>>>(sh, L, peers, weights);
+        MM_LAUNCH(PHASE_GATE_UP, false, grid_gate_up, sp1);
+        MM_LAUNCH(PHASE_DOWN, false, grid_down, sp2);
     }
+#undef MM_LAUNCH
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
