@@ -262,6 +262,18 @@ megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts,
     return MEGAMOE_OK;
 }
 
+/* One host buffer per local rank (the CPU backend); on failure nothing stays allocated. */
+static megamoe_status host_buffer_alloc(megamoe_group *group, mm_buffer *b) {
+    for (int r = 0; r < group->local_ranks; r++) {
+        b->rank_base[r] = aligned_alloc(256, (size_t)b->layout.total);
+        if (!b->rank_base[r]) {
+            for (int q = 0; q < r; q++) free(b->rank_base[q]);
+            return MEGAMOE_ERR_OUT_OF_MEMORY;
+        }
+    }
+    return MEGAMOE_OK;
+}
+
 megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer_config *c,
                                        mm_buffer **out) {
     const int key[5] = {c->num_experts, c->max_tokens, c->top_k, c->hidden_size, c->intermediate_size};
@@ -282,27 +294,11 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
         free(b);
         return MEGAMOE_ERR_OUT_OF_MEMORY;
     }
-    if (is_device(group)) {
-        megamoe_status st = mm_cuda_buffer_alloc(group, b);
-        if (st != MEGAMOE_OK) {
-            free(b->rank_base);
-            free(b);
-            return st;
-        }
-        b->refs = 1;
-        b->next = group->buffers;
-        group->buffers = b;
-        *out = b;
-        return MEGAMOE_OK;
-    }
-    for (int r = 0; r < group->local_ranks; r++) {
-        b->rank_base[r] = aligned_alloc(256, (size_t)b->layout.total);
-        if (!b->rank_base[r]) {
-            for (int q = 0; q < r; q++) free(b->rank_base[q]);
-            free(b->rank_base);
-            free(b);
-            return MEGAMOE_ERR_OUT_OF_MEMORY;
-        }
+    megamoe_status st = is_device(group) ? mm_cuda_buffer_alloc(group, b) : host_buffer_alloc(group, b);
+    if (st != MEGAMOE_OK) {
+        free(b->rank_base);
+        free(b);
+        return st;
     }
     b->refs = 1;
     b->next = group->buffers;

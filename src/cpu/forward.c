@@ -183,14 +183,18 @@ typedef struct expert_scratch {
     size_t cap;      /* rows allocated                                                 */
 } expert_scratch;
 
-static int scratch_reserve(expert_scratch *s, size_t n, int H, int I) {
-    if (n <= s->cap) return 1;
+static void scratch_free(expert_scratch *s) {
     free(s->slots);
     free(s->x);
     free(s->x_scale);
     free(s->gu);
     free(s->act);
     free(s->p);
+}
+
+static int scratch_reserve(expert_scratch *s, size_t n, int H, int I) {
+    if (n <= s->cap) return 1;
+    scratch_free(s);
     s->slots = malloc(n * sizeof *s->slots);
     s->x = malloc(n * (size_t)H * sizeof(float));
     s->x_scale = malloc(n * sizeof(float));
@@ -199,15 +203,6 @@ static int scratch_reserve(expert_scratch *s, size_t n, int H, int I) {
     s->p = malloc(n * (size_t)H * sizeof(float));
     s->cap = n;
     return s->slots && s->x && s->x_scale && s->gu && s->act && s->p;
-}
-
-static void scratch_free(expert_scratch *s) {
-    free(s->slots);
-    free(s->x);
-    free(s->x_scale);
-    free(s->gu);
-    free(s->act);
-    free(s->p);
 }
 
 /* out[i, row0..row0+nrows) = dot(w[row], x[i]) for rows decoded by `decode` into a thread buffer. */
