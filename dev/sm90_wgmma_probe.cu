@@ -3,8 +3,9 @@
  * layout assumptions the wgmma prefill kernel will rest on, before that kernel is written.
  *   1. SS: wgmma m64n64k16 f16 -> f32 with A and B in shared memory in the no-swizzle K-major
  *      core-matrix layout: [k group of 8][row group of 8][8 rows][16 bytes], descriptors with
- *      LBO = byte distance of K-adjacent core matrices, SBO = of M/N-adjacent ones (both variants are
- *      tried and reported, since sources disagree on which is which).
+ *      LBO = byte distance of K-adjacent core matrices, SBO = of M/N-adjacent ones.
+ *      Measured on the H200 (2026-11-29): this convention is exact (0 of 4096 outside 1e-6); the
+ *      swapped one (mode 1) reads outside shared memory and kills the context.
  *   2. RS: A from registers in the mma.sync A-fragment order (KERNEL_NOTES §3.2), B as in 1.
  *   3. The biased FP4 decode of weight_layout.h as the A operand: code * 2^-14 * E4M3 scale, f16
  *      subnormals included, against an exact double reference.
@@ -159,9 +160,9 @@ int main() {
     for (int i = 0; i < M * K; i++) a4[i] = e2m1(rand() % 16) * ldexpf(1.0f, -14) * e4m3(1 + rand() % 0x7D);
     int fails = 0;
     fails += run("SS, LBO = K-adjacent, SBO = M/N-adjacent", 0, a, b);
-    fails += run("SS, LBO/SBO swapped", 1, a, b);
+    /* Mode 1 (LBO/SBO swapped) faults with an illegal address: run it last, alone, if ever needed. */
     fails += run("RS, A in the mma.sync fragment order", 2, a, b);
     fails += run("RS, biased FP4 x E4M3 weights (f16 subnormals)", 2, a4, b);
-    printf("%s\n", fails <= 1 ? "layout probe: usable (one of the SS descriptor variants may mismatch)" : "layout probe: FAILED");
+    printf("%s\n", fails == 0 ? "layout probe: all ok" : "layout probe: FAILED");
     return 0;
 }
