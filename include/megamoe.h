@@ -89,9 +89,9 @@ typedef enum megamoe_dtype {
 
 typedef struct megamoe_tensor {
     megamoe_dtype dtype;
-    int ndim;                         /* 0 (a scalar) ... MEGAMOE_MAX_DIMS                 */
-    int64_t shape[MEGAMOE_MAX_DIMS];  /* shape[0..ndim)                                     */
-    const void *data;                 /* row-major, contiguous                              */
+    int ndim;                        /* 0 (a scalar) ... MEGAMOE_MAX_DIMS                 */
+    int64_t shape[MEGAMOE_MAX_DIMS]; /* shape[0..ndim)                                     */
+    const void *data;                /* row-major, contiguous                              */
 } megamoe_tensor;
 
 /* "BF16", "F8_E4M3", ...; "INVALID" for anything else. */
@@ -115,10 +115,10 @@ typedef enum megamoe_backend {
 
 typedef struct megamoe_group_config {
     megamoe_backend backend;
-    int num_ranks;     /* ranks driven by this process: CPU and CUDA 1..72; NCCL: must be 1      */
-    int device;        /* CUDA device ordinal (CUDA, NCCL)                                       */
-    void *nccl_comm;   /* ncclComm_t of the EP group (NCCL only)                                 */
-    int num_threads;   /* CPU backend worker threads; 0 = one per core                           */
+    int num_ranks;   /* ranks driven by this process: CPU and CUDA 1..72; NCCL: must be 1      */
+    int device;      /* CUDA device ordinal (CUDA, NCCL)                                       */
+    void *nccl_comm; /* ncclComm_t of the EP group (NCCL only)                                 */
+    int num_threads; /* CPU backend worker threads; 0 = one per core                           */
 } megamoe_group_config;
 
 typedef struct megamoe_group megamoe_group;
@@ -151,18 +151,18 @@ typedef enum megamoe_weight_format {
 } megamoe_weight_format;
 
 typedef struct megamoe_layer_config {
-    const char *name;            /* layer name used in messages, e.g. "model.layers.3.mlp"; copied */
-    int num_experts;             /* E, global; E % R == 0                                      */
-    int top_k;                   /* K, 1..32                                                   */
-    int hidden_size;             /* H, multiple of 256                                         */
-    int intermediate_size;       /* I, per expert, multiple of 256                             */
-    int max_tokens;              /* T_max, tokens per rank per forward, >= 1                    */
+    const char *name;      /* layer name used in messages, e.g. "model.layers.3.mlp"; copied */
+    int num_experts;       /* E, global; E % R == 0                                      */
+    int top_k;             /* K, 1..32                                                   */
+    int hidden_size;       /* H, multiple of 256                                         */
+    int intermediate_size; /* I, per expert, multiple of 256                             */
+    int max_tokens;        /* T_max, tokens per rank per forward, >= 1                    */
     megamoe_weight_format format;
-    float norm_eps;              /* post-expert RMSNorm epsilon, > 0 (default 1e-6)             */
-    int norm_zero_centered;      /* gamma = weight + norm_gain_center (folded at finalize)      */
-    float norm_gain_center;      /* default 1.0                                                */
-    float activation_clamp;      /* C > 0 clamps gate and up before SwiGLU; 0 = off (default)    */
-    int timeout_ms;              /* bound on every wait for another rank (default 10000)        */
+    float norm_eps;         /* post-expert RMSNorm epsilon, > 0 (default 1e-6)             */
+    int norm_zero_centered; /* gamma = weight + norm_gain_center (folded at finalize)      */
+    float norm_gain_center; /* default 1.0                                                */
+    float activation_clamp; /* C > 0 clamps gate and up before SwiGLU; 0 = off (default)    */
+    int timeout_ms;         /* bound on every wait for another rank (default 10000)        */
 } megamoe_layer_config;
 
 typedef struct megamoe_layer megamoe_layer;
@@ -186,8 +186,7 @@ const char *megamoe_layer_last_error(const megamoe_layer *layer);
  *   BF16:  w13_weight [E,2I,H] BF16, w2_weight [E,H,I] BF16
  * Scales are validated (SPEC §5). On any error nothing of the layer changes.
  */
-megamoe_status megamoe_layer_load_weight(megamoe_layer *layer, const char *name,
-                                         const megamoe_tensor *full);
+megamoe_status megamoe_layer_load_weight(megamoe_layer *layer, const char *name, const megamoe_tensor *full);
 
 typedef enum megamoe_proj { MEGAMOE_PROJ_GATE = 0, MEGAMOE_PROJ_UP = 1, MEGAMOE_PROJ_DOWN = 2 } megamoe_proj;
 typedef enum megamoe_field {
@@ -212,12 +211,12 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *layer);
 /* Inputs and output of one rank's forward. Pointers are host memory for the CPU backend and device
  * memory for CUDA/NCCL. */
 typedef struct megamoe_forward_args {
-    int num_tokens;             /* T, 0..T_max                                   */
-    const uint16_t *x;          /* [T, H] bf16 hidden states                     */
-    const int32_t *topk_ids;    /* [T, K] global expert ids, -1 = empty slot     */
-    const float *topk_weights;  /* [T, K] routing weights                        */
-    const uint8_t *is_padding;  /* [T] 0/1, or NULL                              */
-    uint16_t *y;                /* [T, H] bf16 output                            */
+    int num_tokens;            /* T, 0..T_max                                   */
+    const uint16_t *x;         /* [T, H] bf16 hidden states                     */
+    const int32_t *topk_ids;   /* [T, K] global expert ids, -1 = empty slot     */
+    const float *topk_weights; /* [T, K] routing weights                        */
+    const uint8_t *is_padding; /* [T] 0/1, or NULL                              */
+    uint16_t *y;               /* [T, H] bf16 output                            */
 } megamoe_forward_args;
 
 /*
@@ -228,8 +227,7 @@ typedef struct megamoe_forward_args {
  * call, a device backend (which reads the ids on the device only) from megamoe_layer_check().
  * Collective over the EP group: every rank calls it, in the same layer order.
  */
-megamoe_status megamoe_layer_forward(megamoe_layer *layer, const megamoe_forward_args *args,
-                                     void *stream);
+megamoe_status megamoe_layer_forward(megamoe_layer *layer, const megamoe_forward_args *args, void *stream);
 
 /* Waits for the layer's last forward and returns the error its device kernels found (bad expert
  * ids), with the detail in megamoe_layer_last_error(). The CPU backend reports those from
@@ -248,9 +246,8 @@ megamoe_status megamoe_layer_memory(const megamoe_layer *layer, megamoe_memory_i
 
 /* Bytes of the communication buffer one rank of this group needs for a layer shape (SPEC §7): the
  * same for both formats (the BF16 view is the larger and owns the storage). */
-megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens,
-                                          int top_k, int hidden_size, int intermediate_size,
-                                          uint64_t *bytes);
+megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens, int top_k,
+                                          int hidden_size, int intermediate_size, uint64_t *bytes);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Checkpoints (safetensors)                                                                         */
@@ -276,8 +273,8 @@ int megamoe_checkpoint_num_files(const megamoe_checkpoint *checkpoint);
 const char *megamoe_checkpoint_file(const megamoe_checkpoint *checkpoint, int i);
 
 typedef enum megamoe_naming {
-    MEGAMOE_NAMING_STACKED = 0,          /* {prefix}.w13_weight [E, 2I, H/2] ...                  */
-    MEGAMOE_NAMING_PER_EXPERT = 1,       /* {prefix}.experts.{e}.gate_proj.weight ... (or w1/w3/w2)  */
+    MEGAMOE_NAMING_STACKED = 0,           /* {prefix}.w13_weight [E, 2I, H/2] ...                  */
+    MEGAMOE_NAMING_PER_EXPERT = 1,        /* {prefix}.experts.{e}.gate_proj.weight ... (or w1/w3/w2)  */
     MEGAMOE_NAMING_COMPRESSED_TENSORS = 2 /* per expert or stacked, weight_packed/weight_global_scale */
 } megamoe_naming;
 
@@ -336,9 +333,9 @@ megamoe_status megamoe_quantize_nvfp4(const uint16_t *w, int64_t rows, int64_t c
                                       uint8_t *scales, float *global_scale);
 
 typedef struct megamoe_quantize_options {
-    int calib_tokens;      /* random N(0,1) tokens per expert that estimate the activation amax   */
-    uint64_t calib_seed;   /* seed of those tokens                                                */
-    float activation_clamp;/* the clamp the layer will run with (affects the calibrated amax)     */
+    int calib_tokens;       /* random N(0,1) tokens per expert that estimate the activation amax   */
+    uint64_t calib_seed;    /* seed of those tokens                                                */
+    float activation_clamp; /* the clamp the layer will run with (affects the calibrated amax)     */
     megamoe_progress_fn progress;
     void *progress_user;
 } megamoe_quantize_options;
@@ -352,8 +349,8 @@ void megamoe_quantize_options_init(megamoe_quantize_options *options);
  * w13: [2I, H] bf16 (gate rows then up rows).
  */
 megamoe_status megamoe_calibrate_expert_bf16(const uint16_t *w13, int hidden_size, int intermediate_size,
-                                             int tokens, uint64_t seed, float activation_clamp,
-                                             float *x_amax, float *a_amax);
+                                             int tokens, uint64_t seed, float activation_clamp, float *x_amax,
+                                             float *a_amax);
 
 /*
  * Converts a checkpoint's BF16 expert weights (stacked or per expert) to NVFP4 in the per-expert

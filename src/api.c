@@ -13,9 +13,7 @@
 
 /* ---- Messages ---------------------------------------------------------------------------------- */
 
-void mm_set_errorv(char *dst, const char *fmt, va_list ap) {
-    vsnprintf(dst, MM_ERR_LEN, fmt, ap);
-}
+void mm_set_errorv(char *dst, const char *fmt, va_list ap) { vsnprintf(dst, MM_ERR_LEN, fmt, ap); }
 
 void mm_set_error(char *dst, const char *fmt, ...) {
     va_list ap;
@@ -24,9 +22,7 @@ void mm_set_error(char *dst, const char *fmt, ...) {
     va_end(ap);
 }
 
-int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return __builtin_mul_overflow(a, b, out);
-}
+int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
 
 const char *megamoe_status_string(megamoe_status status) {
     switch (status) {
@@ -50,8 +46,7 @@ const char *megamoe_status_string(megamoe_status status) {
 #define MM_STR2(x) #x
 #define MM_STR(x) MM_STR2(x)
 const char *megamoe_version_string(void) {
-    return MM_STR(MEGAMOE_VERSION_MAJOR) "." MM_STR(MEGAMOE_VERSION_MINOR) "." MM_STR(
-        MEGAMOE_VERSION_PATCH);
+    return MM_STR(MEGAMOE_VERSION_MAJOR) "." MM_STR(MEGAMOE_VERSION_MINOR) "." MM_STR(MEGAMOE_VERSION_PATCH);
 }
 
 /* ---- Dtypes ------------------------------------------------------------------------------------ */
@@ -61,13 +56,13 @@ static const struct {
     const char *name;
     size_t size;
 } k_dtypes[] = {
-    {MEGAMOE_DTYPE_BOOL, "BOOL", 1},   {MEGAMOE_DTYPE_U8, "U8", 1},
-    {MEGAMOE_DTYPE_I8, "I8", 1},       {MEGAMOE_DTYPE_I16, "I16", 2},
-    {MEGAMOE_DTYPE_U16, "U16", 2},     {MEGAMOE_DTYPE_F16, "F16", 2},
-    {MEGAMOE_DTYPE_BF16, "BF16", 2},   {MEGAMOE_DTYPE_I32, "I32", 4},
-    {MEGAMOE_DTYPE_U32, "U32", 4},     {MEGAMOE_DTYPE_F32, "F32", 4},
-    {MEGAMOE_DTYPE_F64, "F64", 8},     {MEGAMOE_DTYPE_I64, "I64", 8},
-    {MEGAMOE_DTYPE_U64, "U64", 8},     {MEGAMOE_DTYPE_F8_E4M3, "F8_E4M3", 1},
+    {MEGAMOE_DTYPE_BOOL, "BOOL", 1},       {MEGAMOE_DTYPE_U8, "U8", 1},
+    {MEGAMOE_DTYPE_I8, "I8", 1},           {MEGAMOE_DTYPE_I16, "I16", 2},
+    {MEGAMOE_DTYPE_U16, "U16", 2},         {MEGAMOE_DTYPE_F16, "F16", 2},
+    {MEGAMOE_DTYPE_BF16, "BF16", 2},       {MEGAMOE_DTYPE_I32, "I32", 4},
+    {MEGAMOE_DTYPE_U32, "U32", 4},         {MEGAMOE_DTYPE_F32, "F32", 4},
+    {MEGAMOE_DTYPE_F64, "F64", 8},         {MEGAMOE_DTYPE_I64, "I64", 8},
+    {MEGAMOE_DTYPE_U64, "U64", 8},         {MEGAMOE_DTYPE_F8_E4M3, "F8_E4M3", 1},
     {MEGAMOE_DTYPE_F8_E5M2, "F8_E5M2", 1},
 };
 
@@ -92,7 +87,8 @@ megamoe_dtype megamoe_dtype_from_name(const char *name) {
 
 int64_t megamoe_tensor_numel(const megamoe_tensor *t) {
     int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
     return n;
 }
 
@@ -207,7 +203,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
     l->p = off;
     off = align_up(off + T * K * H * 4, A);
     if (device) {
-        const uint64_t R = (uint64_t)num_ranks, Er = (uint64_t)experts_per_rank, I = (uint64_t)intermediate_size;
+        const uint64_t R = (uint64_t)num_ranks, Er = (uint64_t)experts_per_rank,
+                       I = (uint64_t)intermediate_size;
         const uint64_t slots = R * T * K;
         l->max_tiles = (int)(Er + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
         l->slots = off;
@@ -237,17 +234,16 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
 static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
 
 /* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */
-megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens,
-                                          int top_k, int hidden_size, int intermediate_size,
-                                          uint64_t *bytes) {
+megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens, int top_k,
+                                          int hidden_size, int intermediate_size, uint64_t *bytes) {
     (void)num_experts;
     (void)intermediate_size;
     if (!group || !bytes) return MEGAMOE_ERR_INVALID_ARGUMENT;
     uint64_t tkh;
     if (max_tokens < 1 || top_k < 1 || hidden_size < 1 ||
         mm_mul_overflows_u64((uint64_t)max_tokens * (uint64_t)top_k, (uint64_t)hidden_size * 8, &tkh)) {
-        mm_set_error(group->error, "buffer size for T_max=%d K=%d H=%d is out of range", max_tokens,
-                     top_k, hidden_size);
+        mm_set_error(group->error, "buffer size for T_max=%d K=%d H=%d is out of range", max_tokens, top_k,
+                     hidden_size);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (num_experts < group->world_size || intermediate_size < 1) {
@@ -267,15 +263,15 @@ static megamoe_status host_buffer_alloc(megamoe_group *group, mm_buffer *b) {
     for (int r = 0; r < group->local_ranks; r++) {
         b->rank_base[r] = aligned_alloc(256, (size_t)b->layout.total);
         if (!b->rank_base[r]) {
-            for (int q = 0; q < r; q++) free(b->rank_base[q]);
+            for (int q = 0; q < r; q++)
+                free(b->rank_base[q]);
             return MEGAMOE_ERR_OUT_OF_MEMORY;
         }
     }
     return MEGAMOE_OK;
 }
 
-megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer_config *c,
-                                       mm_buffer **out) {
+megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer_config *c, mm_buffer **out) {
     const int key[5] = {c->num_experts, c->max_tokens, c->top_k, c->hidden_size, c->intermediate_size};
     for (mm_buffer *b = group->buffers; b; b = b->next) {
         if (memcmp(b->key, key, sizeof key) == 0) {
@@ -308,9 +304,11 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
 }
 
 static void free_buffer_storage(megamoe_group *group, mm_buffer *b) {
-    if (is_device(group)) mm_cuda_buffer_free(group, b);
+    if (is_device(group))
+        mm_cuda_buffer_free(group, b);
     else
-        for (int r = 0; r < group->local_ranks; r++) free(b->rank_base[r]);
+        for (int r = 0; r < group->local_ranks; r++)
+            free(b->rank_base[r]);
     free(b->rank_base);
     free(b);
 }

@@ -134,11 +134,13 @@ MM_HD int mm_e4m3_scale_valid(uint8_t b) { return (b & 0x80u) == 0 && b != 0x7Fu
  * Writes 8 bytes of codes (element 2j low nibble, 2j+1 high nibble) and returns the sf byte. */
 MM_HD uint8_t mm_quantize_block16(const float *v, float scale, uint8_t *codes) {
     float amax = 0.0f;
-    for (int i = 0; i < MM_NVFP4_BLOCK; i++) amax = mm_max_nan(amax, mm_fabs(v[i]));
+    for (int i = 0; i < MM_NVFP4_BLOCK; i++)
+        amax = mm_max_nan(amax, mm_fabs(v[i]));
     uint8_t sf = mm_e4m3_rn(mm_div(amax, mm_mul(scale, 6.0f)));
     float sf_f = mm_e4m3_to_f32(sf);
     if (sf_f == 0.0f) {
-        for (int j = 0; j < MM_NVFP4_BLOCK / 2; j++) codes[j] = 0;
+        for (int j = 0; j < MM_NVFP4_BLOCK / 2; j++)
+            codes[j] = 0;
         return sf;
     }
     float denom = mm_mul(sf_f, scale);
@@ -151,8 +153,6 @@ MM_HD uint8_t mm_quantize_block16(const float *v, float scale, uint8_t *codes) {
 }
 
 /* The per-token activation scale: s = A / 2688 (6 * 448), 1 when A == 0. */
-MM_HD float mm_activation_scale(float amax) {
-    return amax == 0.0f ? 1.0f : mm_div(amax, 2688.0f);
-}
+MM_HD float mm_activation_scale(float amax) { return amax == 0.0f ? 1.0f : mm_div(amax, 2688.0f); }
 
 #endif /* MEGAMOE_FORMATS_H */

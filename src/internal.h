@@ -26,27 +26,27 @@ int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out);
  * Per rank it holds the staged inputs of that rank's tokens and the expert outputs that come back
  * to them. Its byte layout is defined once, by mm_buffer_layout(). */
 typedef struct mm_buffer_layout {
-    uint64_t num_tokens;     /* i32: T of this rank's current forward                             */
-    uint64_t topk_ids;       /* [T_max, K] i32 global expert ids                                  */
-    uint64_t topk_weights;   /* [T_max, K] f32                                                     */
-    uint64_t token_state;    /* [T_max] u8: MM_TOKEN_*                                             */
-    uint64_t x;              /* BF16 view: [T_max, H] bf16. NVFP4 view: codes, then sf, then s    */
-    uint64_t x_sf;           /* NVFP4 view: [T_max, H/16] e4m3 block scales                        */
-    uint64_t x_scale;        /* NVFP4 view: [T_max] f32 per-token scale s                          */
-    uint64_t p;              /* [T_max, K, H] f32 expert outputs (after the norm), by slot        */
+    uint64_t num_tokens;   /* i32: T of this rank's current forward                             */
+    uint64_t topk_ids;     /* [T_max, K] i32 global expert ids                                  */
+    uint64_t topk_weights; /* [T_max, K] f32                                                     */
+    uint64_t token_state;  /* [T_max] u8: MM_TOKEN_*                                             */
+    uint64_t x;            /* BF16 view: [T_max, H] bf16. NVFP4 view: codes, then sf, then s    */
+    uint64_t x_sf;         /* NVFP4 view: [T_max, H/16] e4m3 block scales                        */
+    uint64_t x_scale;      /* NVFP4 view: [T_max] f32 per-token scale s                          */
+    uint64_t p;            /* [T_max, K, H] f32 expert outputs (after the norm), by slot        */
     /* Device backends only (0 bytes on the CPU): the routing of tokens to this rank's experts. */
-    uint64_t slots;          /* [R*T_max*K] i32 slot codes (src*T_max + t)*K + k, grouped by expert */
-    uint64_t expert_count;   /* [E_r] i32 slots routed to each local expert                        */
-    uint64_t expert_offset;  /* [E_r+1] i32 where each expert's slots start                        */
-    uint64_t num_tiles;      /* i32: token tiles of this forward                                   */
-    uint64_t tile_expert;    /* [max_tiles] i32 local expert of each token tile                    */
-    uint64_t tile_start;     /* [max_tiles] i32 first slot (within the expert) of each tile        */
-    uint64_t act;            /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
-    uint64_t error;          /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
-    uint64_t splitk_ws;      /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
-    uint64_t splitk_counters;/* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
-    int max_tiles;           /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
-    uint64_t total;          /* bytes per rank                                                     */
+    uint64_t slots;           /* [R*T_max*K] i32 slot codes (src*T_max + t)*K + k, grouped by expert */
+    uint64_t expert_count;    /* [E_r] i32 slots routed to each local expert                        */
+    uint64_t expert_offset;   /* [E_r+1] i32 where each expert's slots start                        */
+    uint64_t num_tiles;       /* i32: token tiles of this forward                                   */
+    uint64_t tile_expert;     /* [max_tiles] i32 local expert of each token tile                    */
+    uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
+    uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
+    uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
+    uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
+    uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
+    int max_tiles;            /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
+    uint64_t total;           /* bytes per rank                                                     */
 } mm_buffer_layout;
 
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
@@ -60,11 +60,11 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
                               int experts_per_rank, int intermediate_size, mm_buffer_layout *layout);
 
 typedef struct mm_buffer {
-    int key[5];                /* E, T_max, K, H, I                                       */
-    int refs;                  /* layers using it                                          */
+    int key[5]; /* E, T_max, K, H, I                                       */
+    int refs;   /* layers using it                                          */
     mm_buffer_layout layout;
-    void **rank_base;          /* [local ranks] base address of each rank's buffer          */
-    void *peer_table;          /* device backends: device array of the ranks' base addresses */
+    void **rank_base; /* [local ranks] base address of each rank's buffer          */
+    void *peer_table; /* device backends: device array of the ranks' base addresses */
     struct mm_buffer *next;
 } mm_buffer;
 
@@ -72,12 +72,12 @@ typedef struct mm_buffer {
 
 struct megamoe_group {
     megamoe_group_config config;
-    int world_size;            /* R                                          */
-    int local_ranks;           /* ranks this process drives                  */
-    int first_rank;            /* global rank of local rank 0                */
-    int num_threads;           /* resolved CPU worker count                  */
-    mm_buffer *buffers;        /* communication buffers, one per shape       */
-    void *device;              /* the CUDA backend's state, NULL on the CPU  */
+    int world_size;     /* R                                          */
+    int local_ranks;    /* ranks this process drives                  */
+    int first_rank;     /* global rank of local rank 0                */
+    int num_threads;    /* resolved CPU worker count                  */
+    mm_buffer *buffers; /* communication buffers, one per shape       */
+    void *device;       /* the CUDA backend's state, NULL on the CPU  */
     char error[MM_ERR_LEN];
 };
 
@@ -89,37 +89,37 @@ void mm_group_release_buffer(megamoe_group *group, mm_buffer *buffer);
 /* ---- Layer weights ------------------------------------------------------------------------------ */
 
 /* Which (projection, field) parts of an expert were loaded: bit proj * 4 + field. */
-#define MM_PART(proj, field) (1u << ((proj) * 4 + (field)))
+#define MM_PART(proj, field) (1u << ((proj)*4 + (field)))
 
 /* One local rank's experts in checkpoint layout (host). The CPU backend reads this layout as is. */
 typedef struct mm_rank_weights {
     /* NVFP4 */
-    uint8_t *w13;              /* [E_r, 2I, H/2]  e2m1 codes, rows 0..I-1 gate, I..2I-1 up        */
-    uint8_t *w13_sf;           /* [E_r, 2I, H/16] e4m3 block scales                                 */
-    float *w13_alpha;          /* [E_r, 2]        global scales (gate, up)                          */
-    float *w13_input_scale;    /* [E_r, 2]        static input scales, kept and unused              */
-    uint8_t *w2;               /* [E_r, H, I/2]   e2m1 codes                                       */
-    uint8_t *w2_sf;            /* [E_r, H, I/16]  e4m3 block scales                                 */
-    float *w2_alpha;           /* [E_r]           global scale alpha_2                              */
-    float *w2_input_scale;     /* [E_r]           static scale a2 of the down projection's input   */
+    uint8_t *w13;           /* [E_r, 2I, H/2]  e2m1 codes, rows 0..I-1 gate, I..2I-1 up        */
+    uint8_t *w13_sf;        /* [E_r, 2I, H/16] e4m3 block scales                                 */
+    float *w13_alpha;       /* [E_r, 2]        global scales (gate, up)                          */
+    float *w13_input_scale; /* [E_r, 2]        static input scales, kept and unused              */
+    uint8_t *w2;            /* [E_r, H, I/2]   e2m1 codes                                       */
+    uint8_t *w2_sf;         /* [E_r, H, I/16]  e4m3 block scales                                 */
+    float *w2_alpha;        /* [E_r]           global scale alpha_2                              */
+    float *w2_input_scale;  /* [E_r]           static scale a2 of the down projection's input   */
     /* BF16 */
-    uint16_t *w13_bf16;        /* [E_r, 2I, H] bf16                                                */
-    uint16_t *w2_bf16;         /* [E_r, H, I]  bf16                                                */
-    uint16_t *loaded;          /* [E_r] MM_PART bits                                               */
+    uint16_t *w13_bf16; /* [E_r, 2I, H] bf16                                                */
+    uint16_t *w2_bf16;  /* [E_r, H, I]  bf16                                                */
+    uint16_t *loaded;   /* [E_r] MM_PART bits                                               */
 } mm_rank_weights;
 
 struct megamoe_layer {
     megamoe_group *group;
     megamoe_layer_config config;
     char name[MM_NAME_LEN];
-    int experts_per_rank;       /* E_r                                    */
-    mm_rank_weights *ranks;     /* [local ranks]                          */
-    float *norm_weight;         /* [H] as loaded (f32), NULL = no norm    */
-    float *norm_gamma;          /* [H] gamma with the gain folded in      */
+    int experts_per_rank;   /* E_r                                    */
+    mm_rank_weights *ranks; /* [local ranks]                          */
+    float *norm_weight;     /* [H] as loaded (f32), NULL = no norm    */
+    float *norm_gamma;      /* [H] gamma with the gain folded in      */
     int finalized;
     uint64_t finalize_peak_bytes;
     mm_buffer *buffer;
-    void *device;               /* the CUDA backend's weights, NULL on the CPU */
+    void *device; /* the CUDA backend's weights, NULL on the CPU */
     char error[MM_ERR_LEN];
 };
 
@@ -154,7 +154,7 @@ typedef struct mm_st_entry {
     megamoe_dtype dtype;
     int ndim;
     int64_t shape[MEGAMOE_MAX_DIMS];
-    uint64_t begin, end;       /* offsets into the data section */
+    uint64_t begin, end; /* offsets into the data section */
 } mm_st_entry;
 
 /* Parses and validates a whole safetensors image (header + data) held in memory. On success

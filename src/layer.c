@@ -53,8 +53,7 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->intermediate_size < 256 || c->intermediate_size % 256 != 0) {
-        mm_set_error(msg, "intermediate_size I=%d must be a positive multiple of 256",
-                     c->intermediate_size);
+        mm_set_error(msg, "intermediate_size I=%d must be a positive multiple of 256", c->intermediate_size);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->max_tokens < 1) {
@@ -62,8 +61,8 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     uint64_t bytes;
-    if (mm_mul_overflows_u64((uint64_t)c->max_tokens * (uint64_t)c->top_k,
-                             (uint64_t)c->hidden_size * 8, &bytes) ||
+    if (mm_mul_overflows_u64((uint64_t)c->max_tokens * (uint64_t)c->top_k, (uint64_t)c->hidden_size * 8,
+                             &bytes) ||
         bytes > (1ull << 48)) {
         mm_set_error(msg, "max_tokens T_max=%d x top_k K=%d x hidden_size H=%d is too large for a buffer",
                      c->max_tokens, c->top_k, c->hidden_size);
@@ -145,8 +144,8 @@ static int alloc_rank_weights(mm_rank_weights *w, const megamoe_layer_config *c,
         w->w2_sf = calloc(n, s.w2_sf);
         w->w2_alpha = calloc(n, sizeof(float));
         w->w2_input_scale = calloc(n, sizeof(float));
-        return w->loaded && w->w13 && w->w13_sf && w->w13_alpha && w->w13_input_scale && w->w2 &&
-               w->w2_sf && w->w2_alpha && w->w2_input_scale;
+        return w->loaded && w->w13 && w->w13_sf && w->w13_alpha && w->w13_input_scale && w->w2 && w->w2_sf &&
+               w->w2_alpha && w->w2_input_scale;
     }
     w->w13_bf16 = calloc(n, s.w13 * 2);
     w->w2_bf16 = calloc(n, s.w2 * 2);
@@ -174,12 +173,10 @@ megamoe_status megamoe_layer_create(megamoe_group *group, const megamoe_layer_co
     for (int r = 0; r < group->local_ranks; r++) {
         if (!alloc_rank_weights(&l->ranks[r], config, l->experts_per_rank))
             return mm_layer_fail(l, MEGAMOE_ERR_OUT_OF_MEMORY,
-                                 "out of host memory for the weights of %d experts",
-                                 l->experts_per_rank);
+                                 "out of host memory for the weights of %d experts", l->experts_per_rank);
     }
     st = mm_group_acquire_buffer(group, config, &l->buffer);
-    if (st != MEGAMOE_OK)
-        return mm_layer_fail(l, st, "cannot allocate the communication buffer");
+    if (st != MEGAMOE_OK) return mm_layer_fail(l, st, "cannot allocate the communication buffer");
     return MEGAMOE_OK;
 }
 
@@ -188,7 +185,8 @@ void megamoe_layer_destroy(megamoe_layer *layer) {
     if (layer->device) mm_cuda_layer_free(layer);
     if (layer->buffer) mm_group_release_buffer(layer->group, layer->buffer);
     if (layer->ranks) {
-        for (int r = 0; r < layer->group->local_ranks; r++) free_rank_weights(&layer->ranks[r]);
+        for (int r = 0; r < layer->group->local_ranks; r++)
+            free_rank_weights(&layer->ranks[r]);
         free(layer->ranks);
     }
     free(layer->norm_weight);
@@ -217,10 +215,12 @@ static megamoe_status check_tensor(megamoe_layer *l, const char *what, const meg
     if (!t || (!t->data && megamoe_tensor_numel(t) > 0) || t->ndim < 0 || t->ndim > MEGAMOE_MAX_DIMS)
         return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "%s: tensor is NULL or malformed", what);
     int shape_ok = t->ndim == ndim;
-    for (int i = 0; shape_ok && i < ndim; i++) shape_ok = t->shape[i] == shape[i];
+    for (int i = 0; shape_ok && i < ndim; i++)
+        shape_ok = t->shape[i] == shape[i];
     if (!shape_ok && allow_unit && t->ndim == ndim + 1 && t->shape[ndim] == 1) {
         shape_ok = 1;
-        for (int i = 0; shape_ok && i < ndim; i++) shape_ok = t->shape[i] == shape[i];
+        for (int i = 0; shape_ok && i < ndim; i++)
+            shape_ok = t->shape[i] == shape[i];
     }
     shape_str(want, sizeof want, ndim, shape);
     shape_str(got, sizeof got, t->ndim, t->shape);
@@ -247,8 +247,7 @@ static megamoe_status check_block_scales(megamoe_layer *l, const char *what, con
         if (!mm_e4m3_scale_valid(sf[i]))
             return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT,
                                  "%s of expert %d: block-scale byte 0x%02X at element %zu is %s", what,
-                                 expert, sf[i], i,
-                                 (sf[i] & 0x7F) == 0x7F ? "an E4M3 NaN" : "negative");
+                                 expert, sf[i], i, (sf[i] & 0x7F) == 0x7F ? "an E4M3 NaN" : "negative");
     }
     return MEGAMOE_OK;
 }
@@ -271,7 +270,14 @@ static float load_f32(const void *p, size_t i) {
 /* ---- Stacked loading --------------------------------------------------------------------------- */
 
 typedef enum stacked_kind {
-    ST_W13, ST_W13_SF, ST_W13_ALPHA, ST_W13_INPUT, ST_W2, ST_W2_SF, ST_W2_ALPHA, ST_W2_INPUT
+    ST_W13,
+    ST_W13_SF,
+    ST_W13_ALPHA,
+    ST_W13_INPUT,
+    ST_W2,
+    ST_W2_SF,
+    ST_W2_ALPHA,
+    ST_W2_INPUT
 } stacked_kind;
 
 static const struct {
@@ -314,14 +320,36 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
     int ndim = 3, unit = 0;
     megamoe_dtype dt = MEGAMOE_DTYPE_F32;
     switch (kind) {
-    case ST_W13: shape[1] = 2 * I; shape[2] = nvfp4 ? H / 2 : H; dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16; break;
-    case ST_W13_SF: shape[1] = 2 * I; shape[2] = H / 16; dt = MEGAMOE_DTYPE_F8_E4M3; break;
+    case ST_W13:
+        shape[1] = 2 * I;
+        shape[2] = nvfp4 ? H / 2 : H;
+        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
+        break;
+    case ST_W13_SF:
+        shape[1] = 2 * I;
+        shape[2] = H / 16;
+        dt = MEGAMOE_DTYPE_F8_E4M3;
+        break;
     case ST_W13_ALPHA:
-    case ST_W13_INPUT: shape[1] = 2; ndim = 2; break;
-    case ST_W2: shape[1] = H; shape[2] = nvfp4 ? I / 2 : I; dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16; break;
-    case ST_W2_SF: shape[1] = H; shape[2] = I / 16; dt = MEGAMOE_DTYPE_F8_E4M3; break;
+    case ST_W13_INPUT:
+        shape[1] = 2;
+        ndim = 2;
+        break;
+    case ST_W2:
+        shape[1] = H;
+        shape[2] = nvfp4 ? I / 2 : I;
+        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
+        break;
+    case ST_W2_SF:
+        shape[1] = H;
+        shape[2] = I / 16;
+        dt = MEGAMOE_DTYPE_F8_E4M3;
+        break;
     case ST_W2_ALPHA:
-    case ST_W2_INPUT: ndim = 1; unit = 1; break;
+    case ST_W2_INPUT:
+        ndim = 1;
+        unit = 1;
+        break;
     }
     st = check_tensor(l, name, full, dt, ndim, shape, unit);
     if (st) return st;
@@ -361,7 +389,8 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
         case ST_W2_INPUT: dst = w->w2_input_scale; break;
         }
         memcpy(dst, src, (size_t)E_r * (size_t)per_expert * esize);
-        for (int e = 0; e < E_r; e++) w->loaded[e] |= k_stacked[idx].parts;
+        for (int e = 0; e < E_r; e++)
+            w->loaded[e] |= k_stacked[idx].parts;
     }
     return MEGAMOE_OK;
 }
@@ -374,14 +403,14 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
     megamoe_status st = check_not_finalized(l);
     if (st) return st;
     if ((int)proj < 0 || proj > MEGAMOE_PROJ_DOWN || (int)field < 0 || field > MEGAMOE_FIELD_INPUT_SCALE)
-        return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "unknown projection %d or field %d",
-                             (int)proj, (int)field);
+        return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "unknown projection %d or field %d", (int)proj,
+                             (int)field);
     const int E = l->config.num_experts;
     char what[96];
     snprintf(what, sizeof what, "experts.%d.%s.%s", expert, k_proj_names[proj], k_field_names[field]);
     if (expert < 0 || expert >= E)
-        return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "%s: expert id %d is outside [0, %d)", what,
-                             expert, E);
+        return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "%s: expert id %d is outside [0, %d)", what, expert,
+                             E);
     const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
     if (!nvfp4 && field != MEGAMOE_FIELD_WEIGHT)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "unexpected expert weight '%s': the layer is BF16",
@@ -392,8 +421,14 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
     int ndim = 2;
     megamoe_dtype dt = MEGAMOE_DTYPE_F32;
     switch (field) {
-    case MEGAMOE_FIELD_WEIGHT: shape[1] = nvfp4 ? cols / 2 : cols; dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16; break;
-    case MEGAMOE_FIELD_WEIGHT_SCALE: shape[1] = cols / 16; dt = MEGAMOE_DTYPE_F8_E4M3; break;
+    case MEGAMOE_FIELD_WEIGHT:
+        shape[1] = nvfp4 ? cols / 2 : cols;
+        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
+        break;
+    case MEGAMOE_FIELD_WEIGHT_SCALE:
+        shape[1] = cols / 16;
+        dt = MEGAMOE_DTYPE_F8_E4M3;
+        break;
     case MEGAMOE_FIELD_WEIGHT_SCALE_2:
     case MEGAMOE_FIELD_INPUT_SCALE: ndim = 0; break;
     }
@@ -422,24 +457,34 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
     switch (field) {
     case MEGAMOE_FIELD_WEIGHT:
         if (proj == MEGAMOE_PROJ_DOWN) {
-            if (nvfp4) memcpy(w->w2 + e * s.w2, t->data, nbytes);
-            else memcpy(w->w2_bf16 + e * s.w2, t->data, nbytes);
+            if (nvfp4)
+                memcpy(w->w2 + e * s.w2, t->data, nbytes);
+            else
+                memcpy(w->w2_bf16 + e * s.w2, t->data, nbytes);
         } else {
-            if (nvfp4) memcpy(w->w13 + e * s.w13 + half * s.w13 / 2, t->data, nbytes);
-            else memcpy(w->w13_bf16 + e * s.w13 + half * s.w13 / 2, t->data, nbytes);
+            if (nvfp4)
+                memcpy(w->w13 + e * s.w13 + half * s.w13 / 2, t->data, nbytes);
+            else
+                memcpy(w->w13_bf16 + e * s.w13 + half * s.w13 / 2, t->data, nbytes);
         }
         break;
     case MEGAMOE_FIELD_WEIGHT_SCALE:
-        if (proj == MEGAMOE_PROJ_DOWN) memcpy(w->w2_sf + e * s.w2_sf, t->data, nbytes);
-        else memcpy(w->w13_sf + e * s.w13_sf + half * s.w13_sf / 2, t->data, nbytes);
+        if (proj == MEGAMOE_PROJ_DOWN)
+            memcpy(w->w2_sf + e * s.w2_sf, t->data, nbytes);
+        else
+            memcpy(w->w13_sf + e * s.w13_sf + half * s.w13_sf / 2, t->data, nbytes);
         break;
     case MEGAMOE_FIELD_WEIGHT_SCALE_2:
-        if (proj == MEGAMOE_PROJ_DOWN) w->w2_alpha[e] = load_f32(t->data, 0);
-        else w->w13_alpha[e * 2 + half] = load_f32(t->data, 0);
+        if (proj == MEGAMOE_PROJ_DOWN)
+            w->w2_alpha[e] = load_f32(t->data, 0);
+        else
+            w->w13_alpha[e * 2 + half] = load_f32(t->data, 0);
         break;
     case MEGAMOE_FIELD_INPUT_SCALE:
-        if (proj == MEGAMOE_PROJ_DOWN) w->w2_input_scale[e] = load_f32(t->data, 0);
-        else w->w13_input_scale[e * 2 + half] = load_f32(t->data, 0);
+        if (proj == MEGAMOE_PROJ_DOWN)
+            w->w2_input_scale[e] = load_f32(t->data, 0);
+        else
+            w->w13_input_scale[e * 2 + half] = load_f32(t->data, 0);
         break;
     }
     w->loaded[e] |= (uint16_t)MM_PART(proj, field);
@@ -466,8 +511,8 @@ megamoe_status megamoe_layer_load_norm_weight(megamoe_layer *l, const megamoe_te
         }
         if (!isfinite(w[h])) {
             free(w);
-            return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT,
-                                 "post_expert_norm.weight[%lld] is not finite", (long long)h);
+            return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "post_expert_norm.weight[%lld] is not finite",
+                                 (long long)h);
         }
     }
     free(l->norm_weight);
@@ -480,8 +525,8 @@ megamoe_status megamoe_layer_load_norm_weight(megamoe_layer *l, const megamoe_te
 static uint16_t required_parts(megamoe_weight_format f) {
     uint16_t p = MM_PART(0, 0) | MM_PART(1, 0) | MM_PART(2, 0);
     if (f == MEGAMOE_FORMAT_NVFP4)
-        p |= MM_PART(0, 1) | MM_PART(1, 1) | MM_PART(2, 1) | MM_PART(0, 2) | MM_PART(1, 2) |
-             MM_PART(2, 2) | MM_PART(2, 3);
+        p |= MM_PART(0, 1) | MM_PART(1, 1) | MM_PART(2, 1) | MM_PART(0, 2) | MM_PART(1, 2) | MM_PART(2, 2) |
+             MM_PART(2, 3);
     return p;
 }
 
@@ -532,8 +577,8 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
     }
     /* The CPU backend reads the checkpoint layout as its kernel layout: nothing to repack or free,
      * so the peak is the resident size. */
-    l->finalize_peak_bytes = mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank *
-                             (uint64_t)l->group->local_ranks;
+    l->finalize_peak_bytes =
+        mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank * (uint64_t)l->group->local_ranks;
     l->finalized = 1;
     return MEGAMOE_OK;
 }
@@ -550,12 +595,12 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
         const megamoe_forward_args *a = &args[r];
         const int rank = megamoe_group_rank(l->group, r);
         if (a->num_tokens < 0)
-            return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "rank %d: num_tokens=%d is negative",
-                                 rank, a->num_tokens);
+            return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "rank %d: num_tokens=%d is negative", rank,
+                                 a->num_tokens);
         if (a->num_tokens > l->config.max_tokens)
             return mm_layer_fail(l, MEGAMOE_ERR_BAD_INPUT,
-                                 "rank %d got %d tokens, but the buffer was sized for max_tokens=%d",
-                                 rank, a->num_tokens, l->config.max_tokens);
+                                 "rank %d got %d tokens, but the buffer was sized for max_tokens=%d", rank,
+                                 a->num_tokens, l->config.max_tokens);
         if (a->num_tokens > 0 && (!a->x || !a->topk_ids || !a->topk_weights || !a->y))
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x, topk_ids, topk_weights and y must not be NULL", rank);
@@ -573,11 +618,14 @@ megamoe_status megamoe_layer_check(megamoe_layer *l) {
 megamoe_status megamoe_layer_memory(const megamoe_layer *l, megamoe_memory_info *info) {
     if (!l || !info) return MEGAMOE_ERR_INVALID_ARGUMENT;
     memset(info, 0, sizeof *info);
-    const uint64_t all = mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank *
-                         (uint64_t)l->group->local_ranks;
-    if (!l->finalized) info->checkpoint_bytes = all;
-    else if (l->device) info->weight_bytes = mm_cuda_layer_resident_bytes(l);
-    else info->weight_bytes = all;
+    const uint64_t all =
+        mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank * (uint64_t)l->group->local_ranks;
+    if (!l->finalized)
+        info->checkpoint_bytes = all;
+    else if (l->device)
+        info->weight_bytes = mm_cuda_layer_resident_bytes(l);
+    else
+        info->weight_bytes = all;
     info->finalize_peak_bytes = l->finalize_peak_bytes;
     info->buffer_bytes = l->buffer ? l->buffer->layout.total : 0;
     return MEGAMOE_OK;

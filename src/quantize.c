@@ -34,7 +34,8 @@ megamoe_status megamoe_quantize_nvfp4(const uint16_t *w, int64_t rows, int64_t c
     for (int64_t r = 0; r < rows; r++) {
         float block[16];
         for (int64_t b = 0; b < cols / 16; b++) {
-            for (int i = 0; i < 16; i++) block[i] = mm_bf16_to_f32(w[r * cols + b * 16 + i]);
+            for (int i = 0; i < 16; i++)
+                block[i] = mm_bf16_to_f32(w[r * cols + b * 16 + i]);
             scales[r * (cols / 16) + b] = mm_quantize_block16(block, alpha, codes + r * (cols / 2) + b * 8);
         }
     }
@@ -69,7 +70,7 @@ static double rng_normal(rng *r) { /* Box-Muller */
 megamoe_status megamoe_calibrate_expert_bf16(const uint16_t *w13, int H, int I, int tokens, uint64_t seed,
                                              float clamp, float *x_amax, float *a_amax) {
     if (!w13 || H <= 0 || I <= 0 || tokens <= 0 || !x_amax || !a_amax) return MEGAMOE_ERR_INVALID_ARGUMENT;
-    float *x = malloc((size_t)tokens * (size_t)H * sizeof *x);  /* [tokens, H] bf16 values */
+    float *x = malloc((size_t)tokens * (size_t)H * sizeof *x);       /* [tokens, H] bf16 values */
     float *gu = malloc((size_t)tokens * 2 * (size_t)I * sizeof *gu); /* [tokens, 2I] */
     if (!x || !gu) {
         free(x);
@@ -86,7 +87,8 @@ megamoe_status megamoe_calibrate_expert_bf16(const uint16_t *w13, int H, int I, 
     for (int j = 0; j < 2 * I; j++) {
         for (int t = 0; t < tokens; t++) {
             float acc = 0.0f;
-            for (int h = 0; h < H; h++) acc += x[(size_t)t * H + h] * mm_bf16_to_f32(w13[(size_t)j * H + h]);
+            for (int h = 0; h < H; h++)
+                acc += x[(size_t)t * H + h] * mm_bf16_to_f32(w13[(size_t)j * H + h]);
             gu[(size_t)t * 2 * I + j] = acc;
         }
     }
@@ -112,7 +114,7 @@ megamoe_status megamoe_calibrate_expert_bf16(const uint16_t *w13, int H, int I, 
 
 typedef struct out_list {
     megamoe_named_tensor *t;
-    void **owned;     /* buffers to free after the shard is written */
+    void **owned; /* buffers to free after the shard is written */
     int n, cap, nowned, owned_cap;
 } out_list;
 
@@ -140,7 +142,8 @@ static int out_push(out_list *o, const char *name, megamoe_tensor t, void *owned
 }
 
 static void out_clear(out_list *o) {
-    for (int i = 0; i < o->nowned; i++) free(o->owned[i]);
+    for (int i = 0; i < o->nowned; i++)
+        free(o->owned[i]);
     o->n = 0;
     o->nowned = 0;
 }
@@ -200,7 +203,7 @@ static megamoe_status push_projection(out_list *o, const char *base, const uint1
 /* A BF16 layer found in the input and its calibrated input scales. */
 typedef struct qlayer {
     megamoe_layer_info info;
-    int pstyle;              /* per expert: 0 gate_proj/up_proj/down_proj, 1 w1/w3/w2 */
+    int pstyle;               /* per expert: 0 gate_proj/up_proj/down_proj, 1 w1/w3/w2 */
     float *x_scale, *a_scale; /* [E] */
 } qlayer;
 
@@ -256,9 +259,8 @@ static megamoe_status calibrate_layer(megamoe_checkpoint *ck, qlayer *q, const m
             return MEGAMOE_ERR_BAD_WEIGHT;
         }
         float xa, aa;
-        megamoe_status st = megamoe_calibrate_expert_bf16(w13, H, I, o->calib_tokens,
-                                                          o->calib_seed + (uint64_t)e, o->activation_clamp,
-                                                          &xa, &aa);
+        megamoe_status st = megamoe_calibrate_expert_bf16(
+            w13, H, I, o->calib_tokens, o->calib_seed + (uint64_t)e, o->activation_clamp, &xa, &aa);
         if (st) {
             free(scratch);
             mm_set_error(msg, "layer '%s': calibration of expert %d failed", q->info.prefix, e);
@@ -287,13 +289,15 @@ static megamoe_status convert_tensor(megamoe_checkpoint *ck, int i, const qlayer
                 name_join(name, sizeof name, prefix, which ? "w2_weight" : "w13_weight");
                 if (strcmp(nm, name) != 0) continue;
                 for (int64_t e = 0; e < E; e++) {
-                    if (opt->progress) opt->progress(opt->progress_user, "quantizing experts", (uint64_t)e + 1, (uint64_t)E);
+                    if (opt->progress)
+                        opt->progress(opt->progress_user, "quantizing experts", (uint64_t)e + 1, (uint64_t)E);
                     for (int half = 0; half < (which ? 1 : 2); half++) {
                         const int proj = which ? 2 : half;
                         snprintf(rest, sizeof rest, "experts.%lld.%s", (long long)e, k_pnames[0][proj]);
                         name_join(base, sizeof base, prefix, rest);
-                        const uint16_t *w = (const uint16_t *)t.data +
-                                            (which ? (size_t)(e * H * I) : (size_t)(e * 2 * I * H + half * I * H));
+                        const uint16_t *w =
+                            (const uint16_t *)t.data +
+                            (which ? (size_t)(e * H * I) : (size_t)(e * 2 * I * H + half * I * H));
                         megamoe_status st = push_projection(o, base, w, which ? H : I, which ? I : H,
                                                             which ? q->a_scale[e] : q->x_scale[e], msg);
                         if (st) return st;
@@ -316,13 +320,15 @@ static megamoe_status convert_tensor(megamoe_checkpoint *ck, int i, const qlayer
             if (strcmp(tail, want) != 0 || e < 0 || e >= E) continue;
             const int64_t rows = proj == 2 ? H : I, cols = proj == 2 ? I : H;
             if (t.dtype != MEGAMOE_DTYPE_BF16 || t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols) {
-                mm_set_error(msg, "tensor '%s' is not [%lld, %lld] BF16", nm, (long long)rows, (long long)cols);
+                mm_set_error(msg, "tensor '%s' is not [%lld, %lld] BF16", nm, (long long)rows,
+                             (long long)cols);
                 return MEGAMOE_ERR_BAD_WEIGHT;
             }
             if (opt->progress && proj == 2)
                 opt->progress(opt->progress_user, "quantizing experts", (uint64_t)e + 1, (uint64_t)E);
             snprintf(base, sizeof base, "%.*s", (int)(strlen(nm) - strlen(".weight")), nm);
-            return push_projection(o, base, t.data, rows, cols, proj == 2 ? q->a_scale[e] : q->x_scale[e], msg);
+            return push_projection(o, base, t.data, rows, cols, proj == 2 ? q->a_scale[e] : q->x_scale[e],
+                                   msg);
         }
     }
     if (!out_push(o, nm, t, NULL)) {
@@ -338,7 +344,8 @@ static const char *base_name(const char *path) {
 }
 
 megamoe_status megamoe_quantize_checkpoint(const char *in_path, const char *out_path,
-                                           const megamoe_quantize_options *options, char *err, size_t err_size) {
+                                           const megamoe_quantize_options *options, char *err,
+                                           size_t err_size) {
     char msg[MM_ERR_LEN] = "";
     megamoe_quantize_options defaults;
     megamoe_quantize_options_init(&defaults);
@@ -406,8 +413,10 @@ megamoe_status megamoe_quantize_checkpoint(const char *in_path, const char *out_
             if (ck->tensors[i].file == f) st = convert_tensor(ck, i, layers, nlayers, &o, opt, msg);
         if (st) break;
         char path[4096];
-        if (folder) snprintf(path, sizeof path, "%s/%s", out_path, base_name(ck->files[f].path));
-        else snprintf(path, sizeof path, "%s", out_path);
+        if (folder)
+            snprintf(path, sizeof path, "%s/%s", out_path, base_name(ck->files[f].path));
+        else
+            snprintf(path, sizeof path, "%s", out_path);
         st = megamoe_safetensors_write(path, o.t, o.n, msg, sizeof msg);
         for (int i = 0; i < o.n; i++) {
             json_object_set_new(wmap, o.t[i].name, json_string(base_name(path)));
@@ -417,7 +426,8 @@ megamoe_status megamoe_quantize_checkpoint(const char *in_path, const char *out_
     if (st == MEGAMOE_OK && folder) {
         char path[4096];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", out_path);
-        json_t *root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wmap);
+        json_t *root =
+            json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wmap);
         if (!root || json_dump_file(root, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
             mm_set_error(msg, "%s: cannot write the index", path);
             st = MEGAMOE_ERR_IO;

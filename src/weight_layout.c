@@ -5,18 +5,18 @@
 #include "weight_layout.h"
 
 /* Visits every (checkpoint element, kernel position) pair of a [rows, K] matrix. */
-#define FOR_EACH_FRAGMENT_ELEMENT(BODY)                                                            \
-    for (int64_t q = 0; q < rows / 16; q++)                                                        \
-        for (int64_t kc = 0; kc < K / MM_FRAG_K; kc++)                                             \
-            for (int lane = 0; lane < 32; lane++)                                                  \
-                for (int s = 0; s < 4; s++)                                                        \
-                    for (int j = 0; j < 4; j++)                                                    \
-                        for (int e = 0; e < 2; e++) {                                              \
-                            const int g = lane >> 2, c = lane & 3;                                 \
-                            const int64_t row = mm_layout_row(q, g + 8 * (j & 1), gate_up, rows / 2); \
-                            const int64_t k = MM_FRAG_K * kc + 16 * s + 2 * c + 8 * (j >> 1) + e; \
-                            const int64_t frag = (q * (K / MM_FRAG_K) + kc) * 32 + lane;           \
-                            BODY                                                                   \
+#define FOR_EACH_FRAGMENT_ELEMENT(BODY)                                                                      \
+    for (int64_t q = 0; q < rows / 16; q++)                                                                  \
+        for (int64_t kc = 0; kc < K / MM_FRAG_K; kc++)                                                       \
+            for (int lane = 0; lane < 32; lane++)                                                            \
+                for (int s = 0; s < 4; s++)                                                                  \
+                    for (int j = 0; j < 4; j++)                                                              \
+                        for (int e = 0; e < 2; e++) {                                                        \
+                            const int g = lane >> 2, c = lane & 3;                                           \
+                            const int64_t row = mm_layout_row(q, g + 8 * (j & 1), gate_up, rows / 2);        \
+                            const int64_t k = MM_FRAG_K * kc + 16 * s + 2 * c + 8 * (j >> 1) + e;            \
+                            const int64_t frag = (q * (K / MM_FRAG_K) + kc) * 32 + lane;                     \
+                            BODY                                                                             \
                         }
 
 static uint8_t get_code(const uint8_t *codes, int64_t K, int64_t row, int64_t k) {
@@ -29,32 +29,35 @@ static void put_code(uint8_t *bytes, int64_t index, int odd, uint8_t code) {
 
 /* The kernel byte of a code: A form (registers 0, 1) or B form (registers 2, 3). */
 static uint8_t to_form(uint8_t code, int b_form) {
-    return b_form ? (uint8_t)(((code & 8) >> 3) | ((code & 7) << 4)) : (uint8_t)(((code & 8) << 4) | ((code & 7) << 1));
+    return b_form ? (uint8_t)(((code & 8) >> 3) | ((code & 7) << 4))
+                  : (uint8_t)(((code & 8) << 4) | ((code & 7) << 1));
 }
 static uint8_t from_form(uint8_t byte, int b_form) {
-    return b_form ? (uint8_t)(((byte & 1) << 3) | ((byte >> 4) & 7)) : (uint8_t)(((byte >> 4) & 8) | ((byte >> 1) & 7));
+    return b_form ? (uint8_t)(((byte & 1) << 3) | ((byte >> 4) & 7))
+                  : (uint8_t)(((byte >> 4) & 8) | ((byte >> 1) & 7));
 }
 /* Byte of the lane's 16 that holds register j's element e of k16 step s. */
 static int64_t kernel_byte(int64_t frag, int s, int j, int e) { return frag * 16 + 4 * s + 2 * (j & 1) + e; }
 
 /* Scale bytes: (group, step, g, s, which row) <-> checkpoint [row, K/16]. */
-#define FOR_EACH_SCALE(BODY)                                                                       \
-    for (int64_t q = 0; q < rows / 16; q++)                                                        \
-        for (int64_t kc = 0; kc < K / MM_FRAG_K; kc++)                                             \
-            for (int g = 0; g < 8; g++)                                                            \
-                for (int s = 0; s < 4; s++)                                                        \
-                    for (int h = 0; h < 2; h++) {                                                  \
-                        const int64_t row = mm_layout_row(q, g + 8 * h, gate_up, rows / 2);       \
-                        const int64_t src = row * (K / 16) + 4 * kc + s;                           \
-                        const int64_t dst = ((q * (K / MM_FRAG_K) + kc) * 8 + g) * 8 + 2 * s + h;  \
-                        BODY                                                                       \
+#define FOR_EACH_SCALE(BODY)                                                                                 \
+    for (int64_t q = 0; q < rows / 16; q++)                                                                  \
+        for (int64_t kc = 0; kc < K / MM_FRAG_K; kc++)                                                       \
+            for (int g = 0; g < 8; g++)                                                                      \
+                for (int s = 0; s < 4; s++)                                                                  \
+                    for (int h = 0; h < 2; h++) {                                                            \
+                        const int64_t row = mm_layout_row(q, g + 8 * h, gate_up, rows / 2);                  \
+                        const int64_t src = row * (K / 16) + 4 * kc + s;                                     \
+                        const int64_t dst = ((q * (K / MM_FRAG_K) + kc) * 8 + g) * 8 + 2 * s + h;            \
+                        BODY                                                                                 \
                     }
 
 void mm_layout_pack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t rows, int64_t K, int gate_up,
                           uint8_t *out_codes, uint8_t *out_sf) {
-    FOR_EACH_FRAGMENT_ELEMENT(out_codes[kernel_byte(frag, s, j, e)] = (uint8_t)(
-                                  (j < 2 ? out_codes[kernel_byte(frag, s, j, e)] & 0x71 : out_codes[kernel_byte(frag, s, j, e)] & 0x8E) |
-                                  to_form(get_code(codes, K, row, k), j >= 2));)
+    FOR_EACH_FRAGMENT_ELEMENT(out_codes[kernel_byte(frag, s, j, e)] =
+                                  (uint8_t)((j < 2 ? out_codes[kernel_byte(frag, s, j, e)] & 0x71
+                                                   : out_codes[kernel_byte(frag, s, j, e)] & 0x8E) |
+                                            to_form(get_code(codes, K, row, k), j >= 2));)
     FOR_EACH_SCALE(out_sf[dst] = sf[src];)
 }
 

@@ -31,13 +31,14 @@ static void test_e2m1_spec_ties_and_saturation(void **state) {
     const struct {
         float v;
         uint8_t code;
-    } cases[] = {{0.25f, 0},  {0.75f, 2},   {1.25f, 2},   {1.75f, 4},  {2.5f, 4},    {3.5f, 6},
-                 {5.0f, 6},   {0.2499f, 0}, {0.2501f, 1}, {5.001f, 7}, {6.0f, 7},    {7.0f, 7},
-                 {1e30f, 7},  {INFINITY, 7}, {-0.1f, 8},  {-0.0f, 8},  {-5.0f, 14},  {-INFINITY, 15},
-                 {1e-40f, 0}, {-2.75f, 13}};
+    } cases[] = {{0.25f, 0}, {0.75f, 2},  {1.25f, 2},      {1.75f, 4},    {2.5f, 4},
+                 {3.5f, 6},  {5.0f, 6},   {0.2499f, 0},    {0.2501f, 1},  {5.001f, 7},
+                 {6.0f, 7},  {7.0f, 7},   {1e30f, 7},      {INFINITY, 7}, {-0.1f, 8},
+                 {-0.0f, 8}, {-5.0f, 14}, {-INFINITY, 15}, {1e-40f, 0},   {-2.75f, 13}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (mm_e2m1_rn(cases[i].v) != cases[i].code)
-            fail_msg("e2m1_rn(%g) = %d, expected %d", (double)cases[i].v, mm_e2m1_rn(cases[i].v), cases[i].code);
+            fail_msg("e2m1_rn(%g) = %d, expected %d", (double)cases[i].v, mm_e2m1_rn(cases[i].v),
+                     cases[i].code);
     }
 }
 
@@ -58,12 +59,12 @@ static void test_e4m3_all_codes_round_trip(void **state) {
 
 static void test_e4m3_ties_subnormals_saturation(void **state) {
     (void)state;
-    assert_int_equal(mm_e4m3_rn(ldexpf(1.0f, -10)), 0x00);        /* tie 0 | 2^-9 -> even 0 */
-    assert_int_equal(mm_e4m3_rn(ldexpf(3.0f, -10)), 0x02);        /* tie 1 | 2 -> even 2 */
-    assert_int_equal(mm_e4m3_rn(ldexpf(5.0f, -10)), 0x02);        /* tie 2 | 3 -> 2 */
-    assert_int_equal(mm_e4m3_rn(ldexpf(15.0f, -10)), 0x08);       /* tie 7 | 8 -> 8 = 2^-6 */
-    assert_int_equal(mm_e4m3_rn(1.0625f), 0x38);                  /* tie 1 | 1.125 -> 1 */
-    assert_int_equal(mm_e4m3_rn(1.1875f), 0x3A);                  /* tie 1.125 | 1.25 -> 1.25 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(1.0f, -10)), 0x00);  /* tie 0 | 2^-9 -> even 0 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(3.0f, -10)), 0x02);  /* tie 1 | 2 -> even 2 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(5.0f, -10)), 0x02);  /* tie 2 | 3 -> 2 */
+    assert_int_equal(mm_e4m3_rn(ldexpf(15.0f, -10)), 0x08); /* tie 7 | 8 -> 8 = 2^-6 */
+    assert_int_equal(mm_e4m3_rn(1.0625f), 0x38);            /* tie 1 | 1.125 -> 1 */
+    assert_int_equal(mm_e4m3_rn(1.1875f), 0x3A);            /* tie 1.125 | 1.25 -> 1.25 */
     assert_int_equal(mm_e4m3_rn(449.0f), 0x7E);
     assert_int_equal(mm_e4m3_rn(480.0f), 0x7E);
     assert_int_equal(mm_e4m3_rn(-1e20f), 0xFE);
@@ -94,16 +95,20 @@ static void test_block_quantizer(void **state) {
     /* All-zero block: scale byte 0 and all codes 0. */
     memset(v, 0, sizeof v);
     assert_int_equal(mm_quantize_block16(v, 1.0f, codes), 0);
-    for (int j = 0; j < 8; j++) assert_int_equal(codes[j], 0);
+    for (int j = 0; j < 8; j++)
+        assert_int_equal(codes[j], 0);
     /* A block whose max maps to exactly 6 * sf: max 6 with scale 1 -> sf = e4m3(1) = 0x38, codes = values. */
-    for (int i = 0; i < 16; i++) v[i] = k_e2m1[i % 8] * (i & 8 ? -1.0f : 1.0f);
+    for (int i = 0; i < 16; i++)
+        v[i] = k_e2m1[i % 8] * (i & 8 ? -1.0f : 1.0f);
     assert_int_equal(mm_quantize_block16(v, 1.0f, codes), 0x38);
-    for (int i = 0; i < 16; i++) assert_int_equal((codes[i / 2] >> (4 * (i & 1))) & 15, i);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal((codes[i / 2] >> (4 * (i & 1))) & 15, i);
     /* SPEC: A / 2688, and 1 for A == 0. */
     assert_true(mm_activation_scale(0.0f) == 1.0f);
     assert_true(mm_activation_scale(2688.0f) == 1.0f);
     /* Dequantized values stay within half a step of the input. */
-    for (int i = 0; i < 16; i++) v[i] = (float)(i * 37 % 11) - 5.3f;
+    for (int i = 0; i < 16; i++)
+        v[i] = (float)(i * 37 % 11) - 5.3f;
     const float s = 0.013f;
     const uint8_t sf = mm_quantize_block16(v, s, codes);
     const float step = mm_e4m3_to_f32(sf) * s;
@@ -120,9 +125,12 @@ static void test_weight_layout_round_trip(void **state) {
     const int64_t rows = 64, K = 192; /* 4 groups, 3 K steps; as gate/up: I = 32 */
     uint8_t codes[64 * 96], sf[64 * 12], pc[64 * 96], ps[64 * 12], uc[64 * 96], us[64 * 12];
     uint16_t w[64 * 192], pw[64 * 192], uw[64 * 192];
-    for (int i = 0; i < 64 * 96; i++) codes[i] = (uint8_t)(i * 37 + 11);
-    for (int i = 0; i < 64 * 12; i++) sf[i] = (uint8_t)(i * 13 + 5);
-    for (int i = 0; i < 64 * 192; i++) w[i] = (uint16_t)(i * 7919);
+    for (int i = 0; i < 64 * 96; i++)
+        codes[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < 64 * 12; i++)
+        sf[i] = (uint8_t)(i * 13 + 5);
+    for (int i = 0; i < 64 * 192; i++)
+        w[i] = (uint16_t)(i * 7919);
     for (int gate_up = 0; gate_up < 2; gate_up++) {
         mm_layout_pack_nvfp4(codes, sf, rows, K, gate_up, pc, ps);
         mm_layout_unpack_nvfp4(pc, ps, rows, K, gate_up, uc, us);
@@ -141,9 +149,12 @@ static void test_weight_layout_round_trip(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_e2m1_decode_all_codes),     cmocka_unit_test(test_e2m1_spec_ties_and_saturation),
-        cmocka_unit_test(test_e4m3_all_codes_round_trip), cmocka_unit_test(test_e4m3_ties_subnormals_saturation),
-        cmocka_unit_test(test_bf16_rounding),             cmocka_unit_test(test_block_quantizer),
+        cmocka_unit_test(test_e2m1_decode_all_codes),
+        cmocka_unit_test(test_e2m1_spec_ties_and_saturation),
+        cmocka_unit_test(test_e4m3_all_codes_round_trip),
+        cmocka_unit_test(test_e4m3_ties_subnormals_saturation),
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_block_quantizer),
         cmocka_unit_test(test_weight_layout_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,10 +25,10 @@
 #include "internal.h"
 #include "test_util.h"
 
-#define CK(call)                                                                                     \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));                    \
+#define CK(call)                                                                                             \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));                            \
     } while (0)
 
 /* Device copies of a tu_inputs and a y buffer. */
@@ -56,7 +56,8 @@ static void dev_free(dev_inputs *d) {
     cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
 }
 
-static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamoe_group **g, megamoe_layer **l) {
+static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamoe_group **g,
+                       megamoe_layer **l) {
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
     gc.backend = backend;
@@ -70,14 +71,15 @@ static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamo
 }
 
 /* Splits the tokens over the R ranks like tu_forward, with device pointers. */
-static megamoe_status gpu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, const dev_inputs *d,
-                                  cudaStream_t s) {
+static megamoe_status gpu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *in,
+                                  const dev_inputs *d, cudaStream_t s) {
     const int R = megamoe_group_local_ranks(g), T = in->T, chunk = (T + R - 1) / R;
     megamoe_forward_args args[72];
     for (int r = 0; r < R; r++) {
         const int t0 = r * chunk < T ? r * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-        args[r] = (megamoe_forward_args){t1 - t0, d->x + (size_t)t0 * in->H, d->ids + (size_t)t0 * in->K,
-                                         d->w + (size_t)t0 * in->K, d->pad + t0, d->y + (size_t)t0 * in->H};
+        args[r] = (megamoe_forward_args){
+            t1 - t0,     d->x + (size_t)t0 * in->H, d->ids + (size_t)t0 * in->K, d->w + (size_t)t0 * in->K,
+            d->pad + t0, d->y + (size_t)t0 * in->H};
     }
     return megamoe_layer_forward(l, args, s);
 }
@@ -139,7 +141,8 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
     tu_inputs_edge_cases(&in, gc->T, &c, (uint64_t)gc->T * 7 + 1);
     if (gc->one_expert)
         for (int t = 0; t < gc->T; t++)
-            for (int k = 0; k < gc->K; k++) in.ids[t * gc->K + k] = k == 0 ? 1 : -1;
+            for (int k = 0; k < gc->K; k++)
+                in.ids[t * gc->K + k] = k == 0 ? 1 : -1;
     megamoe_group *g;
     megamoe_layer *l;
     /* CPU reference: one rank holding all tokens. */
@@ -161,12 +164,14 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         make_layer(&m, MEGAMOE_BACKEND_CUDA, R, &g, &l);
         uint16_t *y = gpu_run(g, l, &in, &d);
         char what[160];
-        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d T_max=%d R=%d%s", fmt ? "bf16 " : "nvfp4", gc->E, gc->K,
-                 gc->H, gc->I, gc->T, gc->T_max, R, gc->one_expert ? " one-expert" : "");
+        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d T_max=%d R=%d%s", fmt ? "bf16 " : "nvfp4",
+                 gc->E, gc->K, gc->H, gc->I, gc->T, gc->T_max, R, gc->one_expert ? " one-expert" : "");
         compare(&in, y, y_cpu, what);
-        if (!y_first) y_first = y;
+        if (!y_first)
+            y_first = y;
         else {
-            if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0) fail_msg("%s: y differs from R=%d", what, Rs[0]);
+            if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0)
+                fail_msg("%s: y differs from R=%d", what, Rs[0]);
             free(y);
         }
         megamoe_layer_destroy(l);
@@ -184,19 +189,21 @@ static const int k_ranks[] = {1, 2, 4, 8};
 static void test_grid_small(void **state) {
     (void)state;
     const grid_case cases[] = {
-        {8, 2, 256, 256, 1, 1, 0},    {8, 2, 256, 256, 77, 128, 0}, {8, 2, 256, 256, 128, 128, 0},
-        {8, 4, 256, 512, 0, 16, 0},   {16, 1, 512, 768, 33, 40, 0}, {8, 8, 256, 256, 50, 64, 0},
+        {8, 2, 256, 256, 1, 1, 0},     {8, 2, 256, 256, 77, 128, 0},  {8, 2, 256, 256, 128, 128, 0},
+        {8, 4, 256, 512, 0, 16, 0},    {16, 1, 512, 768, 33, 40, 0},  {8, 8, 256, 256, 50, 64, 0},
         {8, 2, 256, 256, 200, 200, 1}, {256, 8, 256, 256, 64, 64, 0},
     };
     for (int f = 0; f < 2; f++)
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);
 }
 
 static void test_grid_large(void **state) {
     (void)state;
     const grid_case cases[] = {{8, 8, 7168, 2048, 20, 20, 0}, {16, 4, 2048, 768, 300, 300, 0}};
     for (int f = 0; f < 2; f++)
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case((megamoe_weight_format)f, &cases[i], k_ranks, 2);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            run_case((megamoe_weight_format)f, &cases[i], k_ranks, 2);
 }
 
 /* The quantized activations the GPU stages are the CPU's bytes. */
@@ -212,7 +219,8 @@ static void test_activation_bytes(void **state) {
     tu_inputs_edge_cases(&in, 300, &c, 6);
     for (int t = 8; t < 300; t++) /* scales over many decades */
         for (int h = 0; h < c.hidden_size; h++)
-            in.x[(size_t)t * c.hidden_size + h] = tu_bf16(tu_f32(in.x[(size_t)t * c.hidden_size + h]) * ldexpf(1.0f, t % 120 - 60));
+            in.x[(size_t)t * c.hidden_size + h] =
+                tu_bf16(tu_f32(in.x[(size_t)t * c.hidden_size + h]) * ldexpf(1.0f, t % 120 - 60));
     megamoe_group *gc, *gg;
     megamoe_layer *lc, *lg;
     make_layer(&m, MEGAMOE_BACKEND_CPU, 1, &gc, &lc);
@@ -226,8 +234,8 @@ static void test_activation_bytes(void **state) {
     const uint8_t *cpu = lc->buffer->rank_base[0];
     const size_t bytes = L->x_scale + 300 * 4 - L->x;
     uint8_t *gpu = malloc(bytes + L->x - L->token_state);
-    CK(cudaMemcpy(gpu, (const uint8_t *)lg->buffer->rank_base[0] + L->token_state, bytes + L->x - L->token_state,
-                  cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gpu, (const uint8_t *)lg->buffer->rank_base[0] + L->token_state,
+                  bytes + L->x - L->token_state, cudaMemcpyDeviceToHost));
     int checked = 0;
     for (int t = 0; t < 300; t++) {
         const uint8_t st = cpu[L->token_state + t];

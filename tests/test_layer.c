@@ -88,7 +88,8 @@ static void make_empty(const megamoe_layer_config *c, int R, megamoe_group **g, 
 
 static void expect_msg(megamoe_layer *l, const char *s1, const char *s2) {
     const char *msg = megamoe_layer_last_error(l);
-    if (!strstr(msg, s1) || (s2 && !strstr(msg, s2))) fail_msg("message '%s' lacks '%s' / '%s'", msg, s1, s2 ? s2 : "");
+    if (!strstr(msg, s1) || (s2 && !strstr(msg, s2)))
+        fail_msg("message '%s' lacks '%s' / '%s'", msg, s1, s2 ? s2 : "");
     assert_non_null(strstr(msg, "test.mlp")); /* every message names the layer */
 }
 
@@ -139,11 +140,13 @@ static void test_weight_validation(void **state) {
     /* Per-expert loading: id out of range, wrong shape, bad scalar. */
     float bad = -1.0f;
     megamoe_tensor sc = {MEGAMOE_DTYPE_F32, 0, {0}, &bad};
-    assert_int_equal(megamoe_layer_load_expert_weight(l, 8, MEGAMOE_PROJ_GATE, MEGAMOE_FIELD_WEIGHT_SCALE_2, &sc),
-                     MEGAMOE_ERR_BAD_WEIGHT);
+    assert_int_equal(
+        megamoe_layer_load_expert_weight(l, 8, MEGAMOE_PROJ_GATE, MEGAMOE_FIELD_WEIGHT_SCALE_2, &sc),
+        MEGAMOE_ERR_BAD_WEIGHT);
     expect_msg(l, "expert id 8", "[0, 8)");
-    assert_int_equal(megamoe_layer_load_expert_weight(l, 3, MEGAMOE_PROJ_UP, MEGAMOE_FIELD_WEIGHT_SCALE_2, &sc),
-                     MEGAMOE_ERR_BAD_WEIGHT);
+    assert_int_equal(
+        megamoe_layer_load_expert_weight(l, 3, MEGAMOE_PROJ_UP, MEGAMOE_FIELD_WEIGHT_SCALE_2, &sc),
+        MEGAMOE_ERR_BAD_WEIGHT);
     expect_msg(l, "experts.3.up_proj.weight_scale_2", "expert 3");
     megamoe_tensor gate = {MEGAMOE_DTYPE_U8, 2, {I, H}, m.w13};
     assert_int_equal(megamoe_layer_load_expert_weight(l, 3, MEGAMOE_PROJ_GATE, MEGAMOE_FIELD_WEIGHT, &gate),
@@ -170,8 +173,9 @@ static void test_bf16_rejects_nvfp4_names(void **state) {
     assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale_2", &t), MEGAMOE_ERR_BAD_WEIGHT);
     expect_msg(l, "w2_weight_scale_2", "BF16");
     megamoe_tensor sc = {MEGAMOE_DTYPE_F32, 0, {0}, s};
-    assert_int_equal(megamoe_layer_load_expert_weight(l, 0, MEGAMOE_PROJ_DOWN, MEGAMOE_FIELD_INPUT_SCALE, &sc),
-                     MEGAMOE_ERR_BAD_WEIGHT);
+    assert_int_equal(
+        megamoe_layer_load_expert_weight(l, 0, MEGAMOE_PROJ_DOWN, MEGAMOE_FIELD_INPUT_SCALE, &sc),
+        MEGAMOE_ERR_BAD_WEIGHT);
     megamoe_layer_destroy(l);
     megamoe_group_destroy(g);
 }
@@ -192,7 +196,9 @@ static void test_finalize_and_forward_order(void **state) {
     /* Everything but w2_input_scale: finalize names what is missing. */
     megamoe_tensor w2_in = {MEGAMOE_DTYPE_F32, 1, {8}, m.w2_in};
     m.w2_in = NULL;
-    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight", &(megamoe_tensor){MEGAMOE_DTYPE_U8, 3, {8, 256, 128}, m.w2}), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight",
+                                               &(megamoe_tensor){MEGAMOE_DTYPE_U8, 3, {8, 256, 128}, m.w2}),
+                     MEGAMOE_OK);
     assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_ERR_NOT_FINALIZED);
     expect_msg(l, "expert 0", "gate_proj.weight");
     m.w2_in = (float *)w2_in.data;
@@ -217,9 +223,12 @@ static void check_edge_rows(const tu_inputs *in, const uint16_t *y) {
         for (int h = 0; h < H; h++) {
             const uint16_t v = y[(size_t)t * H + h];
             const int is_nan = (v & 0x7FFF) > 0x7F80;
-            if (t == 3 || t == 4 || t == 7) assert_int_equal(v & 0x7FFF, 0); /* zero rows */
-            else if (t == 5 || t == 6) assert_true(is_nan);
-            else if (is_nan || v == 0xFFFF) fail_msg("token %d element %d not written or NaN: 0x%04x", t, h, v);
+            if (t == 3 || t == 4 || t == 7)
+                assert_int_equal(v & 0x7FFF, 0); /* zero rows */
+            else if (t == 5 || t == 6)
+                assert_true(is_nan);
+            else if (is_nan || v == 0xFFFF)
+                fail_msg("token %d element %d not written or NaN: 0x%04x", t, h, v);
         }
     }
     /* Token 7 is all zeros: every expert maps 0 to 0 (no bias), so its row is zero too. */
@@ -248,13 +257,20 @@ static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp
     }
     assert_memory_equal(y[0], y[1], (size_t)T * c.hidden_size * 2);
     assert_memory_equal(y[0], y[2], (size_t)T * c.hidden_size * 2);
-    for (int i = 0; i < 3; i++) free(y[i]);
+    for (int i = 0; i < 3; i++)
+        free(y[i]);
     tu_inputs_free(&in);
     tu_model_free(&m);
 }
 
-static void test_r_invariance_nvfp4(void **state) { (void)state; run_r_invariance(MEGAMOE_FORMAT_NVFP4, 1, 0.0f); }
-static void test_r_invariance_bf16(void **state) { (void)state; run_r_invariance(MEGAMOE_FORMAT_BF16, 1, 0.0f); }
+static void test_r_invariance_nvfp4(void **state) {
+    (void)state;
+    run_r_invariance(MEGAMOE_FORMAT_NVFP4, 1, 0.0f);
+}
+static void test_r_invariance_bf16(void **state) {
+    (void)state;
+    run_r_invariance(MEGAMOE_FORMAT_BF16, 1, 0.0f);
+}
 static void test_r_invariance_clamp_no_norm(void **state) {
     (void)state;
     run_r_invariance(MEGAMOE_FORMAT_NVFP4, 0, 0.5f);
@@ -287,11 +303,12 @@ static void test_token_counts_and_bad_ids(void **state) {
                                     {c.max_tokens, in.x, in.ids, in.weights, NULL, y}};
     assert_int_equal(megamoe_layer_forward(l, args, NULL), MEGAMOE_ERR_BAD_INPUT);
     expect_msg(l, "41 tokens", "max_tokens=40");
-    for (size_t i = 0; i < (size_t)(c.max_tokens + 1) * H * 2; i++) assert_int_equal(((uint8_t *)y)[i], 0x5A);
+    for (size_t i = 0; i < (size_t)(c.max_tokens + 1) * H * 2; i++)
+        assert_int_equal(((uint8_t *)y)[i], 0x5A);
     tu_inputs_free(&in);
     /* Bad ids: skipped, reported, and y equals the run with those slots set to -1. */
     tu_inputs_random(&in, 9, K, H, c.num_experts, 5);
-    in.ids[2 * K + 1] = 8;   /* == E */
+    in.ids[2 * K + 1] = 8; /* == E */
     in.ids[6 * K + 3] = -7;
     uint16_t *y_bad = malloc((size_t)9 * H * 2), *y_ref = malloc((size_t)9 * H * 2);
     assert_int_equal(tu_forward(g, l, &in, y_bad), MEGAMOE_ERR_BAD_INPUT);

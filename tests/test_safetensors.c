@@ -20,9 +20,11 @@
 static char *write_image(const char *dir, const char *name, const char *header, size_t data_len) {
     const size_t hl = strlen(header), n = 8 + hl + data_len;
     uint8_t *buf = calloc(1, n);
-    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     memcpy(buf + 8, header, hl);
-    for (size_t i = 0; i < data_len; i++) buf[8 + hl + i] = (uint8_t)i;
+    for (size_t i = 0; i < data_len; i++)
+        buf[8 + hl + i] = (uint8_t)i;
     char *path = tu_write_file(dir, name, buf, n);
     free(buf);
     return path;
@@ -46,10 +48,8 @@ static void test_round_trip(void **state) {
     uint16_t b[4] = {0x3F80, 0xBF80, 0x0001, 0x7FC0};
     uint8_t u[3] = {1, 2, 3};
     megamoe_named_tensor ts[] = {
-        {"zeta.f32", {MEGAMOE_DTYPE_F32, 2, {2, 3}, f}},
-        {"alpha.bf16", {MEGAMOE_DTYPE_BF16, 1, {4}, b}},
-        {"scalar", {MEGAMOE_DTYPE_F32, 0, {0}, &s}},
-        {"odd.u8", {MEGAMOE_DTYPE_U8, 1, {3}, u}},
+        {"zeta.f32", {MEGAMOE_DTYPE_F32, 2, {2, 3}, f}}, {"alpha.bf16", {MEGAMOE_DTYPE_BF16, 1, {4}, b}},
+        {"scalar", {MEGAMOE_DTYPE_F32, 0, {0}, &s}},     {"odd.u8", {MEGAMOE_DTYPE_U8, 1, {3}, u}},
         {"empty", {MEGAMOE_DTYPE_I32, 2, {0, 5}, NULL}},
     };
     char path[4096], err[256];
@@ -66,7 +66,8 @@ static void test_round_trip(void **state) {
         assert_int_equal(megamoe_checkpoint_find(ck, ts[i].name, &t), MEGAMOE_OK);
         assert_int_equal(t.dtype, ts[i].tensor.dtype);
         assert_int_equal(t.ndim, ts[i].tensor.ndim);
-        for (int d = 0; d < t.ndim; d++) assert_int_equal(t.shape[d], ts[i].tensor.shape[d]);
+        for (int d = 0; d < t.ndim; d++)
+            assert_int_equal(t.shape[d], ts[i].tensor.shape[d]);
         const size_t n = (size_t)megamoe_tensor_numel(&t) * megamoe_dtype_size(t.dtype);
         if (n) assert_memory_equal(t.data, ts[i].tensor.data, n);
     }
@@ -96,29 +97,36 @@ static void test_malformed_files(void **state) {
     p = write_image(dir, "array.safetensors", "[1, 2]", 0);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "array.safetensors", "not a JSON object");
     free(p);
-    p = write_image(dir, "dtype.safetensors", "{\"w\": {\"dtype\": \"Q7\", \"shape\": [2], \"data_offsets\": [0, 2]}}", 2);
+    p = write_image(dir, "dtype.safetensors",
+                    "{\"w\": {\"dtype\": \"Q7\", \"shape\": [2], \"data_offsets\": [0, 2]}}", 2);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "'w'", "unknown dtype");
     free(p);
-    p = write_image(dir, "size.safetensors", "{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 8);
+    p = write_image(dir, "size.safetensors",
+                    "{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 8);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "'w'", "needs 8 bytes");
     free(p);
-    p = write_image(dir, "range.safetensors", "{\"w\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [4, 8]}}", 6);
+    p = write_image(dir, "range.safetensors",
+                    "{\"w\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [4, 8]}}", 6);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "'w'", "run past the end");
     free(p);
     p = write_image(dir, "overlap.safetensors",
                     "{\"a\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [0, 4]},"
-                    " \"b\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [2, 6]}}", 8);
+                    " \"b\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [2, 6]}}",
+                    8);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "'a'", "overlap");
     free(p);
     p = write_image(dir, "dup.safetensors",
                     "{\"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]},"
-                    " \"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}", 2);
+                    " \"a\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [1, 2]}}",
+                    2);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "dup.safetensors", "duplicate");
     free(p);
-    p = write_image(dir, "neg.safetensors", "{\"w\": {\"dtype\": \"U8\", \"shape\": [-1], \"data_offsets\": [0, 1]}}", 1);
+    p = write_image(dir, "neg.safetensors",
+                    "{\"w\": {\"dtype\": \"U8\", \"shape\": [-1], \"data_offsets\": [0, 1]}}", 1);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "'w'", "shape");
     free(p);
-    p = write_image(dir, "order.safetensors", "{\"w\": {\"dtype\": \"U8\", \"shape\": [0], \"data_offsets\": [3, 1]}}", 4);
+    p = write_image(dir, "order.safetensors",
+                    "{\"w\": {\"dtype\": \"U8\", \"shape\": [0], \"data_offsets\": [3, 1]}}", 4);
     expect_open_error(p, MEGAMOE_ERR_FORMAT, "'w'", "begin <= end");
     free(p);
     p = write_image(dir, "meta.safetensors", "{\"__metadata__\": 5}", 0);
@@ -139,8 +147,9 @@ static void test_sharded_index(void **state) {
     assert_int_equal(megamoe_safetensors_write(path, &ta, 1, NULL, 0), MEGAMOE_OK);
     snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
     assert_int_equal(megamoe_safetensors_write(path, &tb, 1, NULL, 0), MEGAMOE_OK);
-    const char *index = "{\"metadata\": {}, \"weight_map\": {\"layer.a\": \"model-00001-of-00002.safetensors\","
-                        " \"layer.b\": \"model-00002-of-00002.safetensors\"}}";
+    const char *index =
+        "{\"metadata\": {}, \"weight_map\": {\"layer.a\": \"model-00001-of-00002.safetensors\","
+        " \"layer.b\": \"model-00002-of-00002.safetensors\"}}";
     free(tu_write_file(dir, "model.safetensors.index.json", index, strlen(index)));
     megamoe_checkpoint *ck = NULL;
     assert_int_equal(megamoe_checkpoint_open(dir, &ck), MEGAMOE_OK);

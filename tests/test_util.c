@@ -46,7 +46,8 @@ void tu_model_random(tu_model *m, const megamoe_layer_config *cfg, int with_norm
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     tu_rng r = {seed};
-    const size_t E = (size_t)cfg->num_experts, H = (size_t)cfg->hidden_size, I = (size_t)cfg->intermediate_size;
+    const size_t E = (size_t)cfg->num_experts, H = (size_t)cfg->hidden_size,
+                 I = (size_t)cfg->intermediate_size;
     if (cfg->format == MEGAMOE_FORMAT_NVFP4) {
         m->w13 = xmalloc(E * 2 * I * H / 2);
         m->w13_sf = xmalloc(E * 2 * I * H / 16);
@@ -56,11 +57,15 @@ void tu_model_random(tu_model *m, const megamoe_layer_config *cfg, int with_norm
         m->w13_in = xmalloc(E * 2 * 4);
         m->w2_s2 = xmalloc(E * 4);
         m->w2_in = xmalloc(E * 4);
-        for (size_t i = 0; i < E * 2 * I * H / 2; i++) m->w13[i] = (uint8_t)tu_next(&r);
-        for (size_t i = 0; i < E * H * I / 2; i++) m->w2[i] = (uint8_t)tu_next(&r);
+        for (size_t i = 0; i < E * 2 * I * H / 2; i++)
+            m->w13[i] = (uint8_t)tu_next(&r);
+        for (size_t i = 0; i < E * H * I / 2; i++)
+            m->w2[i] = (uint8_t)tu_next(&r);
         /* Block scales spread over subnormal and normal E4M3 values (0x01..0x5F). */
-        for (size_t i = 0; i < E * 2 * I * H / 16; i++) m->w13_sf[i] = (uint8_t)(1 + tu_next(&r) % 0x5F);
-        for (size_t i = 0; i < E * H * I / 16; i++) m->w2_sf[i] = (uint8_t)(1 + tu_next(&r) % 0x5F);
+        for (size_t i = 0; i < E * 2 * I * H / 16; i++)
+            m->w13_sf[i] = (uint8_t)(1 + tu_next(&r) % 0x5F);
+        for (size_t i = 0; i < E * H * I / 16; i++)
+            m->w2_sf[i] = (uint8_t)(1 + tu_next(&r) % 0x5F);
         for (size_t e = 0; e < E; e++) {
             m->w13_s2[2 * e] = (float)(0.5 + tu_uniform(&r)) / (float)H;
             m->w13_s2[2 * e + 1] = (float)(0.5 + tu_uniform(&r)) / (float)H;
@@ -71,12 +76,15 @@ void tu_model_random(tu_model *m, const megamoe_layer_config *cfg, int with_norm
     } else {
         m->w13_bf16 = xmalloc(E * 2 * I * H * 2);
         m->w2_bf16 = xmalloc(E * H * I * 2);
-        for (size_t i = 0; i < E * 2 * I * H; i++) m->w13_bf16[i] = tu_bf16((float)(tu_normal(&r) / sqrt((double)H)));
-        for (size_t i = 0; i < E * H * I; i++) m->w2_bf16[i] = tu_bf16((float)(tu_normal(&r) / sqrt((double)I)));
+        for (size_t i = 0; i < E * 2 * I * H; i++)
+            m->w13_bf16[i] = tu_bf16((float)(tu_normal(&r) / sqrt((double)H)));
+        for (size_t i = 0; i < E * H * I; i++)
+            m->w2_bf16[i] = tu_bf16((float)(tu_normal(&r) / sqrt((double)I)));
     }
     if (with_norm) {
         m->norm = xmalloc(H * 4);
-        for (size_t h = 0; h < H; h++) m->norm[h] = (float)(1.0 + 0.2 * tu_normal(&r));
+        for (size_t h = 0; h < H; h++)
+            m->norm[h] = (float)(1.0 + 0.2 * tu_normal(&r));
     }
 }
 
@@ -139,7 +147,8 @@ void tu_inputs_random(tu_inputs *in, int T, int K, int H, int E, uint64_t seed) 
     in->ids = xmalloc((size_t)T * K * 4);
     in->weights = xmalloc((size_t)T * K * 4);
     in->padding = xmalloc((size_t)T);
-    for (size_t i = 0; i < (size_t)T * H; i++) in->x[i] = tu_bf16((float)tu_normal(&r));
+    for (size_t i = 0; i < (size_t)T * H; i++)
+        in->x[i] = tu_bf16((float)tu_normal(&r));
     for (size_t i = 0; i < (size_t)T * K; i++) {
         in->ids[i] = (int32_t)(tu_next(&r) % (uint64_t)E);
         in->weights[i] = (float)tu_normal(&r); /* negative weights too */
@@ -153,17 +162,17 @@ void tu_inputs_edge_cases(tu_inputs *in, int T, const megamoe_layer_config *c, u
     if (T < 8) return;
     in->ids[1 * K + (K - 1)] = -1;
     if (K >= 2) in->ids[2 * K + 0] = in->ids[2 * K + 1];
-    for (int k = 0; k < K; k++) in->ids[3 * K + k] = -1;
+    for (int k = 0; k < K; k++)
+        in->ids[3 * K + k] = -1;
     in->padding[4] = 1;
     in->x[4 * H + 7] = 0x7FC0;
     in->x[5 * H + 100] = 0x7F80;
     in->x[6 * H + 0] = 0xFFC0;
-    for (int h = 0; h < H; h++) in->x[7 * H + h] = 0;
+    for (int h = 0; h < H; h++)
+        in->x[7 * H + h] = 0;
 }
 
-void tu_inputs_free(tu_inputs *in) {
-    free(in->x), free(in->ids), free(in->weights), free(in->padding);
-}
+void tu_inputs_free(tu_inputs *in) { free(in->x), free(in->ids), free(in->weights), free(in->padding); }
 
 megamoe_status tu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, uint16_t *y) {
     const int R = megamoe_group_local_ranks(g), T = in->T, chunk = (T + R - 1) / R;
@@ -171,8 +180,11 @@ megamoe_status tu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *i
     memset(y, 0xFF, (size_t)T * in->H * 2);
     for (int r = 0; r < R; r++) {
         const int t0 = r * chunk < T ? r * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-        args[r] = (megamoe_forward_args){t1 - t0, in->x + (size_t)t0 * in->H, in->ids + (size_t)t0 * in->K,
-                                         in->weights + (size_t)t0 * in->K, in->padding + t0,
+        args[r] = (megamoe_forward_args){t1 - t0,
+                                         in->x + (size_t)t0 * in->H,
+                                         in->ids + (size_t)t0 * in->K,
+                                         in->weights + (size_t)t0 * in->K,
+                                         in->padding + t0,
                                          y + (size_t)t0 * in->H};
     }
     return megamoe_layer_forward(l, args, NULL);

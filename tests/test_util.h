@@ -23,8 +23,8 @@ typedef struct tu_model {
     megamoe_layer_config cfg;
     uint8_t *w13, *w13_sf, *w2, *w2_sf; /* NVFP4 */
     float *w13_s2, *w13_in, *w2_s2, *w2_in;
-    uint16_t *w13_bf16, *w2_bf16;       /* BF16 */
-    float *norm;                        /* [H] or NULL */
+    uint16_t *w13_bf16, *w2_bf16; /* BF16 */
+    float *norm;                  /* [H] or NULL */
 } tu_model;
 
 void tu_model_random(tu_model *m, const megamoe_layer_config *cfg, int with_norm, uint64_t seed);
@@ -38,10 +38,10 @@ void tu_layer_make(const tu_model *m, int R, megamoe_group **g, megamoe_layer **
 /* Random inputs for T tokens. */
 typedef struct tu_inputs {
     int T, K, H;
-    uint16_t *x;        /* [T, H] */
-    int32_t *ids;       /* [T, K] */
-    float *weights;     /* [T, K] */
-    uint8_t *padding;   /* [T] */
+    uint16_t *x;      /* [T, H] */
+    int32_t *ids;     /* [T, K] */
+    float *weights;   /* [T, K] */
+    uint8_t *padding; /* [T] */
 } tu_inputs;
 
 void tu_inputs_random(tu_inputs *in, int T, int K, int H, int E, uint64_t seed);

@@ -21,23 +21,25 @@ static void dev_io_free(dev_io *d) {
     cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
 }
 
-static int dev_io_upload(dev_io *d, int T, int K, int H, const uint16_t *x, const int32_t *ids, const float *w,
-                         const uint8_t *pad) {
+static int dev_io_upload(dev_io *d, int T, int K, int H, const uint16_t *x, const int32_t *ids,
+                         const float *w, const uint8_t *pad) {
     memset(d, 0, sizeof *d);
     const size_t n = (size_t)T;
     if (cudaMalloc((void **)&d->x, n * H * 2 + 16) || cudaMalloc((void **)&d->y, n * H * 2 + 16) ||
         cudaMalloc((void **)&d->ids, n * K * 4 + 16) || cudaMalloc((void **)&d->w, n * K * 4 + 16) ||
         (pad && cudaMalloc((void **)&d->pad, n + 16)))
         return cli_fail("cudaMalloc for the inputs failed");
-    if (cudaMemcpy(d->x, x, n * H * 2, cudaMemcpyHostToDevice) || cudaMemcpy(d->ids, ids, n * K * 4, cudaMemcpyHostToDevice) ||
-        cudaMemcpy(d->w, w, n * K * 4, cudaMemcpyHostToDevice) || (pad && cudaMemcpy(d->pad, pad, n, cudaMemcpyHostToDevice)) ||
-        cudaMemset(d->y, 0xFF, n * H * 2))
+    if (cudaMemcpy(d->x, x, n * H * 2, cudaMemcpyHostToDevice) ||
+        cudaMemcpy(d->ids, ids, n * K * 4, cudaMemcpyHostToDevice) ||
+        cudaMemcpy(d->w, w, n * K * 4, cudaMemcpyHostToDevice) ||
+        (pad && cudaMemcpy(d->pad, pad, n, cudaMemcpyHostToDevice)) || cudaMemset(d->y, 0xFF, n * H * 2))
         return cli_fail("copying the inputs to the device failed");
     return 0;
 }
 
-megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
-                                        const float *w, const uint8_t *pad, uint16_t *y, int iters, double *ms) {
+megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x,
+                                        const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y,
+                                        int iters, double *ms) {
     dev_io d;
     if (dev_io_upload(&d, T, K, H, x, ids, w, pad)) {
         dev_io_free(&d);
@@ -64,9 +66,10 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
         }
         for (int it = -1; ok && it < iters; it++) {
             float t = 0;
-            ok = cudaMemsetAsync(flush, it & 0xFF, flush_bytes, s) == cudaSuccess && cudaEventRecord(e0, s) == cudaSuccess &&
-                 cudaGraphLaunch(exec, s) == cudaSuccess && cudaEventRecord(e1, s) == cudaSuccess &&
-                 cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t, e0, e1) == cudaSuccess;
+            ok = cudaMemsetAsync(flush, it & 0xFF, flush_bytes, s) == cudaSuccess &&
+                 cudaEventRecord(e0, s) == cudaSuccess && cudaGraphLaunch(exec, s) == cudaSuccess &&
+                 cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+                 cudaEventElapsedTime(&t, e0, e1) == cudaSuccess;
             if (it >= 0) times[it] = t;
         }
         if (ok) {
@@ -95,9 +98,11 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
     return st;
 }
 #else
-megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
-                                        const float *w, const uint8_t *pad, uint16_t *y, int iters, double *ms) {
-    (void)c, (void)T, (void)K, (void)H, (void)x, (void)ids, (void)w, (void)pad, (void)y, (void)iters, (void)ms;
+megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x,
+                                        const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y,
+                                        int iters, double *ms) {
+    (void)c, (void)T, (void)K, (void)H, (void)x, (void)ids, (void)w, (void)pad, (void)y, (void)iters,
+        (void)ms;
     return MEGAMOE_ERR_UNSUPPORTED;
 }
 #endif

@@ -104,13 +104,15 @@ void cli_random_routing(cli_rng *r, int T, int K, int E, int32_t *ids, float *we
             do { /* distinct ids while K <= E */
                 id = (int)(cli_rng_next(r) % (uint64_t)E);
                 dup = 0;
-                for (int j = 0; j < k && K <= E; j++) dup |= ids[(size_t)t * K + j] == id;
+                for (int j = 0; j < k && K <= E; j++)
+                    dup |= ids[(size_t)t * K + j] == id;
             } while (dup);
             ids[(size_t)t * K + k] = id;
             weights[(size_t)t * K + k] = (float)exp(cli_rng_normal(r));
             sum += weights[(size_t)t * K + k];
         }
-        for (int k = 0; k < K; k++) weights[(size_t)t * K + k] /= sum;
+        for (int k = 0; k < K; k++)
+            weights[(size_t)t * K + k] /= sum;
     }
 }
 

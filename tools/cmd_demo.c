@@ -12,9 +12,9 @@
 
 typedef struct demo_model {
     int E, K, H, I;
-    uint16_t *w13;  /* [E, 2I, H] bf16 */
-    uint16_t *w2;   /* [E, H, I]  bf16 */
-    float *norm;    /* [H] */
+    uint16_t *w13; /* [E, 2I, H] bf16 */
+    uint16_t *w2;  /* [E, H, I]  bf16 */
+    float *norm;   /* [H] */
     /* NVFP4, per expert and projection (gate, up, down) */
     uint8_t *codes[3], *sf[3]; /* [E, rows, cols/2], [E, rows, cols/16] */
     float *alpha[3];           /* [E] */
@@ -23,7 +23,8 @@ typedef struct demo_model {
 
 static void demo_model_free(demo_model *m) {
     free(m->w13), free(m->w2), free(m->norm);
-    for (int p = 0; p < 3; p++) free(m->codes[p]), free(m->sf[p]), free(m->alpha[p]), free(m->in_scale[p]);
+    for (int p = 0; p < 3; p++)
+        free(m->codes[p]), free(m->sf[p]), free(m->alpha[p]), free(m->in_scale[p]);
 }
 
 static int demo_model_build(demo_model *m, uint64_t seed) {
@@ -41,19 +42,24 @@ static int demo_model_build(demo_model *m, uint64_t seed) {
         if (!m->codes[p] || !m->sf[p] || !m->alpha[p] || !m->in_scale[p]) return cli_fail("out of memory");
     }
     if (!m->w13 || !m->w2 || !m->norm) return cli_fail("out of memory");
-    for (size_t i = 0; i < E * 2 * I * H; i++) m->w13[i] = cli_f32_to_bf16((float)(cli_rng_normal(&r) / sqrt((double)H)));
-    for (size_t i = 0; i < E * H * I; i++) m->w2[i] = cli_f32_to_bf16((float)(cli_rng_normal(&r) / sqrt((double)I)));
-    for (size_t h = 0; h < H; h++) m->norm[h] = (float)(1.0 + 0.1 * cli_rng_normal(&r));
+    for (size_t i = 0; i < E * 2 * I * H; i++)
+        m->w13[i] = cli_f32_to_bf16((float)(cli_rng_normal(&r) / sqrt((double)H)));
+    for (size_t i = 0; i < E * H * I; i++)
+        m->w2[i] = cli_f32_to_bf16((float)(cli_rng_normal(&r) / sqrt((double)I)));
+    for (size_t h = 0; h < H; h++)
+        m->norm[h] = (float)(1.0 + 0.1 * cli_rng_normal(&r));
     for (size_t e = 0; e < E; e++) {
         for (int p = 0; p < 3; p++) {
             const size_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
             const uint16_t *w = p == 2 ? m->w2 + e * H * I : m->w13 + e * 2 * I * H + (size_t)p * I * H;
-            megamoe_status st = megamoe_quantize_nvfp4(w, (int64_t)rows, (int64_t)cols, m->codes[p] + e * rows * cols / 2,
-                                                       m->sf[p] + e * rows * cols / 16, &m->alpha[p][e]);
+            megamoe_status st =
+                megamoe_quantize_nvfp4(w, (int64_t)rows, (int64_t)cols, m->codes[p] + e * rows * cols / 2,
+                                       m->sf[p] + e * rows * cols / 16, &m->alpha[p][e]);
             if (st) return cli_fail("quantize: %s", megamoe_status_string(st));
         }
         float xa, aa;
-        megamoe_status st = megamoe_calibrate_expert_bf16(m->w13 + e * 2 * I * H, m->H, m->I, 64, seed + e, 0.0f, &xa, &aa);
+        megamoe_status st =
+            megamoe_calibrate_expert_bf16(m->w13 + e * 2 * I * H, m->H, m->I, 64, seed + e, 0.0f, &xa, &aa);
         if (st) return cli_fail("calibrate: %s", megamoe_status_string(st));
         m->in_scale[0][e] = m->in_scale[1][e] = xa / 2688.0f;
         m->in_scale[2][e] = aa > 0.0f ? aa / 2688.0f : 1.0f;
@@ -69,18 +75,28 @@ static int demo_model_load(const demo_model *m, megamoe_layer *layer, megamoe_we
             const int64_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
             megamoe_status st;
             if (fmt == MEGAMOE_FORMAT_BF16) {
-                const uint16_t *w = p == 2 ? m->w2 + (size_t)e * H * I : m->w13 + (size_t)e * 2 * I * H + (size_t)p * I * H;
+                const uint16_t *w =
+                    p == 2 ? m->w2 + (size_t)e * H * I : m->w13 + (size_t)e * 2 * I * H + (size_t)p * I * H;
                 megamoe_tensor t = {MEGAMOE_DTYPE_BF16, 2, {rows, cols}, w};
                 st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT, &t);
             } else {
-                megamoe_tensor codes = {MEGAMOE_DTYPE_U8, 2, {rows, cols / 2}, m->codes[p] + (size_t)e * rows * cols / 2};
-                megamoe_tensor sf = {MEGAMOE_DTYPE_F8_E4M3, 2, {rows, cols / 16}, m->sf[p] + (size_t)e * rows * cols / 16};
+                megamoe_tensor codes = {
+                    MEGAMOE_DTYPE_U8, 2, {rows, cols / 2}, m->codes[p] + (size_t)e * rows * cols / 2};
+                megamoe_tensor sf = {
+                    MEGAMOE_DTYPE_F8_E4M3, 2, {rows, cols / 16}, m->sf[p] + (size_t)e * rows * cols / 16};
                 megamoe_tensor alpha = {MEGAMOE_DTYPE_F32, 0, {0}, &m->alpha[p][e]};
                 megamoe_tensor in = {MEGAMOE_DTYPE_F32, 0, {0}, &m->in_scale[p][e]};
-                st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT, &codes);
-                if (!st) st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT_SCALE, &sf);
-                if (!st) st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT_SCALE_2, &alpha);
-                if (!st) st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_INPUT_SCALE, &in);
+                st =
+                    megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p, MEGAMOE_FIELD_WEIGHT, &codes);
+                if (!st)
+                    st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p,
+                                                          MEGAMOE_FIELD_WEIGHT_SCALE, &sf);
+                if (!st)
+                    st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p,
+                                                          MEGAMOE_FIELD_WEIGHT_SCALE_2, &alpha);
+                if (!st)
+                    st = megamoe_layer_load_expert_weight(layer, e, (megamoe_proj)p,
+                                                          MEGAMOE_FIELD_INPUT_SCALE, &in);
             }
             if (st) return cli_fail("%s", megamoe_layer_last_error(layer));
         }
@@ -101,9 +117,10 @@ static const char k_demo_help[] =
     "CPU reference. Runs on the GPU when there is one (auto), else on the CPU.\n";
 
 int cmd_demo(int argc, char **argv) {
-    static const struct option opts[] = {{"backend", required_argument, 0, 'b'}, {"tokens", required_argument, 0, 'T'},
-                                         {"threads", required_argument, 0, 't'}, {"seed", required_argument, 0, 's'},
-                                         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"backend", required_argument, 0, 'b'}, {"tokens", required_argument, 0, 'T'},
+        {"threads", required_argument, 0, 't'}, {"seed", required_argument, 0, 's'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     int T = 256, threads = 0, c;
     uint64_t seed = 2026;
     const char *backend_name = "auto";
@@ -120,18 +137,24 @@ int cmd_demo(int argc, char **argv) {
         if (!ok) return cli_fail("demo: bad value '%s' (see megamoe demo --help)", optarg);
     }
     megamoe_backend backend;
-    if (strcmp(backend_name, "cpu") == 0) backend = MEGAMOE_BACKEND_CPU;
-    else if (strcmp(backend_name, "cuda") == 0) backend = MEGAMOE_BACKEND_CUDA;
+    if (strcmp(backend_name, "cpu") == 0)
+        backend = MEGAMOE_BACKEND_CPU;
+    else if (strcmp(backend_name, "cuda") == 0)
+        backend = MEGAMOE_BACKEND_CUDA;
     else if (strcmp(backend_name, "auto") == 0)
-        backend = megamoe_backend_available(MEGAMOE_BACKEND_CUDA) ? MEGAMOE_BACKEND_CUDA : MEGAMOE_BACKEND_CPU;
-    else return cli_fail("demo: --backend must be auto, cpu or cuda");
+        backend =
+            megamoe_backend_available(MEGAMOE_BACKEND_CUDA) ? MEGAMOE_BACKEND_CUDA : MEGAMOE_BACKEND_CPU;
+    else
+        return cli_fail("demo: --backend must be auto, cpu or cuda");
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
-        return cli_fail("demo: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
+        return cli_fail(
+            "demo: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
 
     demo_model m = {.E = 32, .K = 4, .H = 1024, .I = 512};
-    printf("megamoe %s demo: E=%d experts, top-%d, H=%d, I=%d, %d tokens, backend %s\n", megamoe_version_string(),
-           m.E, m.K, m.H, m.I, T, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu");
-    printf("  weights: seeded random BF16, quantized to NVFP4 (global + E4M3 block scales, calibrated input scales)\n");
+    printf("megamoe %s demo: E=%d experts, top-%d, H=%d, I=%d, %d tokens, backend %s\n",
+           megamoe_version_string(), m.E, m.K, m.H, m.I, T, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu");
+    printf("  weights: seeded random BF16, quantized to NVFP4 (global + E4M3 block scales, calibrated input "
+           "scales)\n");
     fflush(stdout);
     int rc = demo_model_build(&m, seed);
     const size_t xn = (size_t)T * (size_t)m.H;
@@ -141,12 +164,14 @@ int cmd_demo(int argc, char **argv) {
     if (!rc && (!x || !ids || !w)) rc = cli_fail("out of memory");
     if (!rc) {
         cli_rng r = {seed ^ 0xABCDEFull};
-        for (size_t i = 0; i < xn; i++) x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
+        for (size_t i = 0; i < xn; i++)
+            x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
         cli_random_routing(&r, T, m.K, m.E, ids, w);
     }
     const double flop = 6.0 * m.H * m.I * (double)T * m.K;
     const int gpu = backend == MEGAMOE_BACKEND_CUDA;
-    printf("  %-6s %-7s %-6s %-13s %-10s %s\n", "format", "backend", "ranks", "ms/forward", "GFLOP/s", "check");
+    printf("  %-6s %-7s %-6s %-13s %-10s %s\n", "format", "backend", "ranks", "ms/forward", "GFLOP/s",
+           "check");
     for (int f = 0; f < 2 && !rc; f++) {
         const megamoe_weight_format fmt = f == 0 ? MEGAMOE_FORMAT_BF16 : MEGAMOE_FORMAT_NVFP4;
         /* Runs: the CPU reference with 1 rank, then the chosen backend with 1 and 4 ranks. */
@@ -171,7 +196,8 @@ int cmd_demo(int argc, char **argv) {
                 best = ms * 1e-3;
             }
             for (int it = 0; it < 3 && !rc && run_backend[ri] == MEGAMOE_BACKEND_CPU; it++) {
-                for (size_t i = 0; i < xn; i++) y[f][ri][i] = 0xFFFF; /* poison: NaN pattern */
+                for (size_t i = 0; i < xn; i++)
+                    y[f][ri][i] = 0xFFFF; /* poison: NaN pattern */
                 const double t0 = cli_now_seconds();
                 megamoe_status st = cli_forward_split(&L, T, m.K, m.H, x, ids, w, NULL, y[f][ri]);
                 const double dt = cli_now_seconds() - t0;
@@ -193,18 +219,22 @@ int cmd_demo(int argc, char **argv) {
                 if (!(err <= 1e-3)) rc = cli_fail("demo: GPU differs from the CPU reference (%.3e)", err);
             }
             printf("  %-6s %-7s %-6d %-13.3f %-10.1f %s\n", f == 0 ? "bf16" : "nvfp4",
-                   run_backend[ri] == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", R, best * 1e3, flop / best / 1e9, check);
+                   run_backend[ri] == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", R, best * 1e3, flop / best / 1e9,
+                   check);
             fflush(stdout);
         }
         ref[f] = y[f][1];
     }
     if (!rc) {
         const double err = cli_rel_l2_bf16(ref[1], ref[0], xn);
-        printf("  NVFP4 vs BF16 output: relative L2 %.4f (the quantization error of weights and activations)\n", err);
+        printf(
+            "  NVFP4 vs BF16 output: relative L2 %.4f (the quantization error of weights and activations)\n",
+            err);
         if (!(err < 0.35)) rc = cli_fail("demo: NVFP4 output is too far from BF16 (%.4f)", err);
     }
     printf(rc ? "FAILED\n" : "OK\n");
-    for (int f = 0; f < 2; f++) free(y[f][0]), free(y[f][1]), free(y[f][2]);
+    for (int f = 0; f < 2; f++)
+        free(y[f][0]), free(y[f][1]), free(y[f][2]);
     free(x), free(ids), free(w);
     demo_model_free(&m);
     return rc;
@@ -231,7 +261,8 @@ static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
         const uint64_t v = x * 0x2545F4914F6CDD1Dull;
         memcpy(p + i, &v, 8);
     }
-    for (; i < n; i++) p[i] = (uint8_t)(i * 131 + seed);
+    for (; i < n; i++)
+        p[i] = (uint8_t)(i * 131 + seed);
 }
 
 /* Random stacked weights: any code byte, block scales in a moderate range, bf16 ~ N(0, 0.02). */
@@ -239,16 +270,22 @@ static int bench_load(megamoe_layer *layer, const megamoe_layer_config *c, uint6
     const int64_t E = c->num_experts, H = c->hidden_size, I = c->intermediate_size;
     const int nvfp4 = c->format == MEGAMOE_FORMAT_NVFP4;
     const char *names[4] = {"w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"};
-    const int64_t shapes[4][3] = {{E, 2 * I, nvfp4 ? H / 2 : H}, {E, H, nvfp4 ? I / 2 : I}, {E, 2 * I, H / 16}, {E, H, I / 16}};
+    const int64_t shapes[4][3] = {
+        {E, 2 * I, nvfp4 ? H / 2 : H}, {E, H, nvfp4 ? I / 2 : I}, {E, 2 * I, H / 16}, {E, H, I / 16}};
     for (int i = 0; i < (nvfp4 ? 4 : 2); i++) {
-        megamoe_tensor t = {i >= 2 ? MEGAMOE_DTYPE_F8_E4M3 : nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16, 3,
-                            {shapes[i][0], shapes[i][1], shapes[i][2]}, NULL};
+        megamoe_tensor t = {i >= 2  ? MEGAMOE_DTYPE_F8_E4M3
+                            : nvfp4 ? MEGAMOE_DTYPE_U8
+                                    : MEGAMOE_DTYPE_BF16,
+                            3,
+                            {shapes[i][0], shapes[i][1], shapes[i][2]},
+                            NULL};
         const size_t n = (size_t)megamoe_tensor_numel(&t), bytes = n * megamoe_dtype_size(t.dtype);
         uint8_t *buf = malloc(bytes);
         if (!buf) return cli_fail("out of memory for %s", names[i]);
         fill_random(buf, bytes, seed + (uint64_t)i);
         if (i >= 2)
-            for (size_t j = 0; j < n; j++) buf[j] = (uint8_t)(0x30 + (buf[j] & 15));
+            for (size_t j = 0; j < n; j++)
+                buf[j] = (uint8_t)(0x30 + (buf[j] & 15));
         else if (!nvfp4)
             for (size_t j = 0; j < n; j++) { /* bf16 with exponent 2^-7..2^-6: |w| ~ 0.01 */
                 uint16_t *w = (uint16_t *)buf;
@@ -262,7 +299,8 @@ static int bench_load(megamoe_layer *layer, const megamoe_layer_config *c, uint6
     if (nvfp4) {
         float *s2 = malloc((size_t)E * 2 * sizeof *s2);
         if (!s2) return cli_fail("out of memory");
-        for (int64_t i = 0; i < 2 * E; i++) s2[i] = 1.0f / 64.0f;
+        for (int64_t i = 0; i < 2 * E; i++)
+            s2[i] = 1.0f / 64.0f;
         megamoe_tensor a13 = {MEGAMOE_DTYPE_F32, 2, {E, 2}, s2}, a2 = {MEGAMOE_DTYPE_F32, 1, {E}, s2};
         int bad = megamoe_layer_load_weight(layer, "w13_weight_scale_2", &a13) ||
                   megamoe_layer_load_weight(layer, "w2_weight_scale_2", &a2) ||
@@ -275,14 +313,19 @@ static int bench_load(megamoe_layer *layer, const megamoe_layer_config *c, uint6
 }
 
 int cmd_bench(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"experts", required_argument, 0, 'E'}, {"top-k", required_argument, 0, 'K'},
-        {"hidden", required_argument, 0, 'H'},  {"inter", required_argument, 0, 'I'},
-        {"tokens", required_argument, 0, 'T'},  {"format", required_argument, 0, 'f'},
-        {"ranks", required_argument, 0, 'R'},   {"backend", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 't'}, {"iters", required_argument, 0, 'n'},
-        {"seed", required_argument, 0, 's'},    {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"experts", required_argument, 0, 'E'},
+                                         {"top-k", required_argument, 0, 'K'},
+                                         {"hidden", required_argument, 0, 'H'},
+                                         {"inter", required_argument, 0, 'I'},
+                                         {"tokens", required_argument, 0, 'T'},
+                                         {"format", required_argument, 0, 'f'},
+                                         {"ranks", required_argument, 0, 'R'},
+                                         {"backend", required_argument, 0, 'b'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"iters", required_argument, 0, 'n'},
+                                         {"seed", required_argument, 0, 's'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1;
     int Ts[32] = {256};
     uint64_t seed = 1;
@@ -309,14 +352,20 @@ int cmd_bench(int argc, char **argv) {
         case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;
         case 'f':
-            if (strcmp(optarg, "nvfp4") == 0) fmt = MEGAMOE_FORMAT_NVFP4;
-            else if (strcmp(optarg, "bf16") == 0) fmt = MEGAMOE_FORMAT_BF16;
-            else ok = 0;
+            if (strcmp(optarg, "nvfp4") == 0)
+                fmt = MEGAMOE_FORMAT_NVFP4;
+            else if (strcmp(optarg, "bf16") == 0)
+                fmt = MEGAMOE_FORMAT_BF16;
+            else
+                ok = 0;
             break;
         case 'b':
-            if (strcmp(optarg, "cpu") == 0) backend = MEGAMOE_BACKEND_CPU;
-            else if (strcmp(optarg, "cuda") == 0) backend = MEGAMOE_BACKEND_CUDA;
-            else ok = 0;
+            if (strcmp(optarg, "cpu") == 0)
+                backend = MEGAMOE_BACKEND_CPU;
+            else if (strcmp(optarg, "cuda") == 0)
+                backend = MEGAMOE_BACKEND_CUDA;
+            else
+                ok = 0;
             break;
         case 'h': fputs(k_bench_help, stdout); return 0;
         default: fputs(k_bench_help, stderr); return 2;
@@ -324,9 +373,11 @@ int cmd_bench(int argc, char **argv) {
         if (!ok) return cli_fail("bench: bad value '%s' (see megamoe bench --help)", optarg);
     }
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
-        return cli_fail("bench: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
+        return cli_fail(
+            "bench: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
     int T_max = 1;
-    for (int i = 0; i < nT; i++) T_max = Ts[i] > T_max ? Ts[i] : T_max;
+    for (int i = 0; i < nT; i++)
+        T_max = Ts[i] > T_max ? Ts[i] : T_max;
     megamoe_layer_config cfg;
     megamoe_layer_config_init(&cfg);
     cfg.name = "bench";
@@ -347,7 +398,8 @@ int cmd_bench(int argc, char **argv) {
         cli_rng r = {seed + (uint64_t)T};
         if (!x || !y || !ids || !w || !times) rc = cli_fail("out of memory");
         if (!rc) {
-            for (size_t i = 0; i < xn; i++) x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
+            for (size_t i = 0; i < xn; i++)
+                x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
             cli_random_routing(&r, T, K, E, ids, w);
         }
         double med = 0;
@@ -358,7 +410,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (!rc) {
             for (int it = -1; it < iters && !rc; it++) { /* one warm-up */
                 const double t0 = cli_now_seconds();
-                if (cli_forward_split(&L, T, K, H, x, ids, w, NULL, y)) rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
+                if (cli_forward_split(&L, T, K, H, x, ids, w, NULL, y))
+                    rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
                 if (it >= 0) times[it] = cli_now_seconds() - t0;
             }
             for (int i = 1; i < iters; i++)
@@ -371,14 +424,17 @@ int cmd_bench(int argc, char **argv) {
         if (!rc) {
             int touched = 0;
             char *used = calloc((size_t)E, 1);
-            for (size_t i = 0; used && i < (size_t)T * K; i++) used[ids[i]] = 1;
-            for (int e = 0; used && e < E; e++) touched += used[e];
+            for (size_t i = 0; used && i < (size_t)T * K; i++)
+                used[ids[i]] = 1;
+            for (int e = 0; used && e < E; e++)
+                touched += used[e];
             free(used);
-            printf("bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.1f TFLOP/s, "
-                   "%.1f GB/s of touched expert weights (%d experts)\n",
-                   E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
-                   med * 1e3, iters, 6.0 * H * I * (double)T * K / med / 1e12, expert_bytes * touched / med / 1e9,
-                   touched);
+            printf(
+                "bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.1f TFLOP/s, "
+                "%.1f GB/s of touched expert weights (%d experts)\n",
+                E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
+                med * 1e3, iters, 6.0 * H * I * (double)T * K / med / 1e12,
+                expert_bytes * touched / med / 1e9, touched);
             fflush(stdout);
         }
         free(times), free(x), free(y), free(ids), free(w);

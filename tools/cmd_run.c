@@ -7,7 +7,9 @@
 
 #include "cli.h"
 
-static const char *format_name(megamoe_weight_format f) { return f == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16"; }
+static const char *format_name(megamoe_weight_format f) {
+    return f == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16";
+}
 
 static const char *naming_name(megamoe_naming n) {
     switch (n) {
@@ -70,8 +72,9 @@ static int open_inputs(const char *path, inputs *in) {
     if (in->weights.ndim != 2 || in->weights.dtype != MEGAMOE_DTYPE_F32 || in->weights.shape[0] != in->T ||
         in->weights.shape[1] != in->K)
         return cli_fail("%s: topk_weights must be [T=%d, K=%d] F32", path, in->T, in->K);
-    if (in->has_padding && (in->padding.ndim != 1 || in->padding.shape[0] != in->T ||
-                            (in->padding.dtype != MEGAMOE_DTYPE_BOOL && in->padding.dtype != MEGAMOE_DTYPE_U8)))
+    if (in->has_padding &&
+        (in->padding.ndim != 1 || in->padding.shape[0] != in->T ||
+         (in->padding.dtype != MEGAMOE_DTYPE_BOOL && in->padding.dtype != MEGAMOE_DTYPE_U8)))
         return cli_fail("%s: is_padding must be [T=%d] BOOL", path, in->T);
     return 0;
 }
@@ -85,14 +88,20 @@ static void *aligned_copy(const megamoe_tensor *t) {
 }
 
 int cmd_run(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"checkpoint", required_argument, 0, 'c'}, {"prefix", required_argument, 0, 'p'},
-        {"input", required_argument, 0, 'i'},      {"output", required_argument, 0, 'o'},
-        {"ranks", required_argument, 0, 'r'},      {"backend", required_argument, 0, 'b'},
-        {"threads", required_argument, 0, 't'},    {"max-tokens", required_argument, 0, 'm'},
-        {"norm-eps", required_argument, 0, 'e'},   {"norm-zero-centered", no_argument, 0, 'z'},
-        {"norm-gain-center", required_argument, 0, 'g'}, {"clamp", required_argument, 0, 'C'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+    static const struct option opts[] = {{"checkpoint", required_argument, 0, 'c'},
+                                         {"prefix", required_argument, 0, 'p'},
+                                         {"input", required_argument, 0, 'i'},
+                                         {"output", required_argument, 0, 'o'},
+                                         {"ranks", required_argument, 0, 'r'},
+                                         {"backend", required_argument, 0, 'b'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"max-tokens", required_argument, 0, 'm'},
+                                         {"norm-eps", required_argument, 0, 'e'},
+                                         {"norm-zero-centered", no_argument, 0, 'z'},
+                                         {"norm-gain-center", required_argument, 0, 'g'},
+                                         {"clamp", required_argument, 0, 'C'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     const char *ckpt = NULL, *prefix = "", *in_path = NULL, *out_path = NULL;
     int ranks = 1, threads = 0, max_tokens = 0;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
@@ -114,9 +123,12 @@ int cmd_run(int argc, char **argv) {
         case 'g': ok = cli_parse_float(optarg, &cfg.norm_gain_center); break;
         case 'C': ok = cli_parse_float(optarg, &cfg.activation_clamp); break;
         case 'b':
-            if (strcmp(optarg, "cpu") == 0) backend = MEGAMOE_BACKEND_CPU;
-            else if (strcmp(optarg, "cuda") == 0) backend = MEGAMOE_BACKEND_CUDA;
-            else ok = 0;
+            if (strcmp(optarg, "cpu") == 0)
+                backend = MEGAMOE_BACKEND_CPU;
+            else if (strcmp(optarg, "cuda") == 0)
+                backend = MEGAMOE_BACKEND_CUDA;
+            else
+                ok = 0;
             break;
         case 'h': fputs(k_run_help, stdout); return 0;
         default: fputs(k_run_help, stderr); return 2;
@@ -183,8 +195,9 @@ int cmd_run(int argc, char **argv) {
         cli_fail("out of memory");
         goto done;
     }
-    st = backend == MEGAMOE_BACKEND_CPU ? cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y)
-                                        : cli_forward_split_device(&L, in.T, in.K, in.H, x, ids, w, pad, y, 0, NULL);
+    st = backend == MEGAMOE_BACKEND_CPU
+             ? cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y)
+             : cli_forward_split_device(&L, in.T, in.K, in.H, x, ids, w, pad, y, 0, NULL);
     if (st) {
         cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
         goto done;
@@ -214,12 +227,16 @@ static const char k_inspect_help[] =
     "post-expert norm, bytes) and, with --tensors, every tensor's dtype and shape.\n";
 
 int cmd_inspect(int argc, char **argv) {
-    static const struct option opts[] = {{"tensors", no_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"tensors", no_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int list = 0, c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 't') list = 1;
-        else if (c == 'h') return fputs(k_inspect_help, stdout), 0;
-        else return fputs(k_inspect_help, stderr), 2;
+        if (c == 't')
+            list = 1;
+        else if (c == 'h')
+            return fputs(k_inspect_help, stdout), 0;
+        else
+            return fputs(k_inspect_help, stderr), 2;
     }
     if (optind != argc - 1) return fputs(k_inspect_help, stderr), 2;
     megamoe_checkpoint *ck = NULL;
@@ -236,11 +253,13 @@ int cmd_inspect(int argc, char **argv) {
         total += (uint64_t)megamoe_tensor_numel(&t) * megamoe_dtype_size(t.dtype);
     }
     printf("%s: %d file%s, %d tensors, %.3f MB\n", argv[optind], megamoe_checkpoint_num_files(ck),
-           megamoe_checkpoint_num_files(ck) == 1 ? "" : "s", megamoe_checkpoint_num_tensors(ck), (double)total / 1e6);
+           megamoe_checkpoint_num_files(ck) == 1 ? "" : "s", megamoe_checkpoint_num_tensors(ck),
+           (double)total / 1e6);
     int found = 0;
     st = megamoe_checkpoint_find_layers(ck, NULL, 0, &found);
     megamoe_layer_info *infos = found > 0 ? calloc((size_t)found, sizeof *infos) : NULL;
-    if (st == MEGAMOE_OK && found > 0) st = infos ? megamoe_checkpoint_find_layers(ck, infos, found, &found) : MEGAMOE_ERR_OUT_OF_MEMORY;
+    if (st == MEGAMOE_OK && found > 0)
+        st = infos ? megamoe_checkpoint_find_layers(ck, infos, found, &found) : MEGAMOE_ERR_OUT_OF_MEMORY;
     if (st) {
         cli_fail("%s", megamoe_checkpoint_last_error(ck));
         free(infos);
@@ -250,9 +269,10 @@ int cmd_inspect(int argc, char **argv) {
     printf("%d MoE layer%s\n", found, found == 1 ? "" : "s");
     for (int i = 0; i < found; i++) {
         const megamoe_layer_info *li = &infos[i];
-        printf("  %-40s %-5s %-18s E=%d H=%d I=%d norm=%s %.3f MB\n", li->prefix[0] ? li->prefix : "(no prefix)",
-               format_name(li->format), naming_name(li->naming), li->num_experts, li->hidden_size,
-               li->intermediate_size, li->has_norm ? "yes" : "no", (double)li->bytes / 1e6);
+        printf("  %-40s %-5s %-18s E=%d H=%d I=%d norm=%s %.3f MB\n",
+               li->prefix[0] ? li->prefix : "(no prefix)", format_name(li->format), naming_name(li->naming),
+               li->num_experts, li->hidden_size, li->intermediate_size, li->has_norm ? "yes" : "no",
+               (double)li->bytes / 1e6);
     }
     if (list) {
         for (int i = 0; i < megamoe_checkpoint_num_tensors(ck); i++) {
@@ -260,7 +280,8 @@ int cmd_inspect(int argc, char **argv) {
             megamoe_tensor t;
             megamoe_checkpoint_tensor(ck, i, &name, &t);
             printf("  %-60s %-8s [", name, megamoe_dtype_name(t.dtype));
-            for (int d = 0; d < t.ndim; d++) printf(d ? ", %lld" : "%lld", (long long)t.shape[d]);
+            for (int d = 0; d < t.ndim; d++)
+                printf(d ? ", %lld" : "%lld", (long long)t.shape[d]);
             printf("]\n");
         }
     }

@@ -19,14 +19,19 @@ static const char k_help[] =
     "  version    print the version\n";
 
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
         fputs(k_help, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     static const struct {
         const char *name;
         int (*fn)(int, char **);
-    } cmds[] = {{"demo", cmd_demo}, {"run", cmd_run}, {"bench", cmd_bench}, {"inspect", cmd_inspect}, {"quantize", cmd_quantize}};
+    } cmds[] = {{"demo", cmd_demo},
+                {"run", cmd_run},
+                {"bench", cmd_bench},
+                {"inspect", cmd_inspect},
+                {"quantize", cmd_quantize}};
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
         printf("megamoe %s\n", megamoe_version_string());
         return 0;

@@ -21,8 +21,7 @@ typedef struct proj_names {
     const char *name[3]; /* gate, up, down */
 } proj_names;
 
-static const proj_names k_proj_styles[2] = {{{"gate_proj", "up_proj", "down_proj"}},
-                                            {{"w1", "w3", "w2"}}};
+static const proj_names k_proj_styles[2] = {{{"gate_proj", "up_proj", "down_proj"}}, {{"w1", "w3", "w2"}}};
 
 /* Field names per style: [0] plain (ModelOpt), [1] compressed-tensors. */
 static const char *const k_fields[2][4] = {
@@ -117,8 +116,10 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
         if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) continue;
         if (t.ndim != 3 || (t.dtype != MEGAMOE_DTYPE_U8 && t.dtype != MEGAMOE_DTYPE_BF16) ||
             (packed && t.dtype != MEGAMOE_DTYPE_U8) || t.shape[1] % 2) {
-            mm_set_error(ck->error, "tensor '%s': shape/dtype %s with %d dims is not [E, 2I, H/2] U8 or "
-                         "[E, 2I, H] BF16", name, megamoe_dtype_name(t.dtype), t.ndim);
+            mm_set_error(ck->error,
+                         "tensor '%s': shape/dtype %s with %d dims is not [E, 2I, H/2] U8 or "
+                         "[E, 2I, H] BF16",
+                         name, megamoe_dtype_name(t.dtype), t.ndim);
             return MEGAMOE_ERR_BAD_WEIGHT;
         }
         info->naming = packed ? MEGAMOE_NAMING_COMPRESSED_TENSORS : MEGAMOE_NAMING_STACKED;
@@ -140,8 +141,8 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
                 found = 1;
                 if (t.ndim != 2 || (t.dtype != MEGAMOE_DTYPE_U8 && t.dtype != MEGAMOE_DTYPE_BF16) ||
                     (fs && t.dtype != MEGAMOE_DTYPE_U8)) {
-                    mm_set_error(ck->error, "tensor '%s': %s with %d dims is not [I, H/2] U8 or [I, H] BF16", name,
-                                 megamoe_dtype_name(t.dtype), t.ndim);
+                    mm_set_error(ck->error, "tensor '%s': %s with %d dims is not [I, H/2] U8 or [I, H] BF16",
+                                 name, megamoe_dtype_name(t.dtype), t.ndim);
                     return MEGAMOE_ERR_BAD_WEIGHT;
                 }
                 info->naming = fs ? MEGAMOE_NAMING_COMPRESSED_TENSORS : MEGAMOE_NAMING_PER_EXPERT;
@@ -151,7 +152,8 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
             }
         }
         if (!found) {
-            mm_set_error(ck->error, "no MoE layer with prefix '%s' (no %s.w13_weight or %s.experts.0.gate_proj.weight)",
+            mm_set_error(ck->error,
+                         "no MoE layer with prefix '%s' (no %s.w13_weight or %s.experts.0.gate_proj.weight)",
                          prefix, prefix, prefix);
             return MEGAMOE_ERR_BAD_WEIGHT;
         }
@@ -162,7 +164,8 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
             const char *nm = ck->tensors[i].name;
             if (!starts_with(nm, ex)) continue;
             int e, proj, ps, field, fs;
-            if (parse_expert_name(nm + strlen(ex) - 8, &e, &proj, &ps, &field, &fs) && e + 1 > info->num_experts)
+            if (parse_expert_name(nm + strlen(ex) - 8, &e, &proj, &ps, &field, &fs) &&
+                e + 1 > info->num_experts)
                 info->num_experts = e + 1;
         }
     }
@@ -194,12 +197,13 @@ megamoe_status megamoe_checkpoint_describe_layer(megamoe_checkpoint *ck, const c
     if (st) return st;
     if (found == 0) {
         mm_set_error(ck->error, "no MoE expert weights found (looked for *.w13_weight, "
-                     "*.experts.N.gate_proj.weight and their variants)");
+                                "*.experts.N.gate_proj.weight and their variants)");
         return MEGAMOE_ERR_BAD_WEIGHT;
     }
     if (found > 1) {
-        mm_set_error(ck->error, "the checkpoint holds %d MoE layers ('%s', '%s', ...); name one with --prefix",
-                     found, one[0].prefix, one[1].prefix);
+        mm_set_error(ck->error,
+                     "the checkpoint holds %d MoE layers ('%s', '%s', ...); name one with --prefix", found,
+                     one[0].prefix, one[1].prefix);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     *info = one[0];
@@ -210,13 +214,14 @@ megamoe_status megamoe_checkpoint_find_layers(megamoe_checkpoint *ck, megamoe_la
                                               int max_layers, int *num_found) {
     if (!ck || !num_found || (max_layers > 0 && !infos)) return MEGAMOE_ERR_INVALID_ARGUMENT;
     *num_found = 0;
-    char (*seen)[256] = NULL;
+    char(*seen)[256] = NULL;
     int nseen = 0, cap = 0;
     for (int i = 0; i < ck->num_tensors; i++) {
         char prefix[256];
         if (!layer_prefix_of(ck->tensors[i].name, prefix, sizeof prefix)) continue;
         int dup = 0;
-        for (int j = 0; j < nseen && !dup; j++) dup = strcmp(seen[j], prefix) == 0;
+        for (int j = 0; j < nseen && !dup; j++)
+            dup = strcmp(seen[j], prefix) == 0;
         if (dup) continue;
         if (nseen == cap) {
             cap = cap ? cap * 2 : 16;
@@ -231,8 +236,7 @@ megamoe_status megamoe_checkpoint_find_layers(megamoe_checkpoint *ck, megamoe_la
     }
     megamoe_status st = MEGAMOE_OK;
     for (int j = 0; j < nseen && st == MEGAMOE_OK; j++) {
-        if (j < max_layers)
-            st = describe_prefix(ck, seen[j], &infos[j]);
+        if (j < max_layers) st = describe_prefix(ck, seen[j], &infos[j]);
     }
     free(seen);
     *num_found = nseen;
@@ -254,14 +258,16 @@ static megamoe_status annotate(megamoe_layer *l, const megamoe_checkpoint *ck, c
 }
 
 static megamoe_status missing(megamoe_layer *l, const megamoe_checkpoint *ck, const char *name) {
-    return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "tensor '%s' is missing from the checkpoint (%d file%s, "
-                         "first %s)", name, ck->num_files, ck->num_files == 1 ? "" : "s",
+    return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT,
+                         "tensor '%s' is missing from the checkpoint (%d file%s, "
+                         "first %s)",
+                         name, ck->num_files, ck->num_files == 1 ? "" : "s",
                          ck->num_files ? ck->files[0].path : "-");
 }
 
 /* compressed-tensors stores 1/alpha; the copy it loads holds alpha. */
-static megamoe_status inverted_copy(megamoe_layer *l, const megamoe_tensor *t, const char *name,
-                                    float **buf, megamoe_tensor *out) {
+static megamoe_status inverted_copy(megamoe_layer *l, const megamoe_tensor *t, const char *name, float **buf,
+                                    megamoe_tensor *out) {
     const int64_t n = megamoe_tensor_numel(t);
     if (t->dtype != MEGAMOE_DTYPE_F32)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "%s: dtype %s, expected F32", name,
@@ -287,11 +293,12 @@ static int expert_is_local(const megamoe_layer *l, int e) {
 }
 
 static megamoe_status load_stacked(megamoe_layer *l, megamoe_checkpoint *ck, const char *prefix, int packed) {
-    static const char *const names[8] = {"w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w13_input_scale",
-                                         "w2_weight", "w2_weight_scale", "w2_weight_scale_2", "w2_input_scale"};
+    static const char *const names[8] = {"w13_weight",        "w13_weight_scale", "w13_weight_scale_2",
+                                         "w13_input_scale",   "w2_weight",        "w2_weight_scale",
+                                         "w2_weight_scale_2", "w2_input_scale"};
     static const char *const packed_names[8] = {
         "w13_weight_packed", "w13_weight_scale", "w13_weight_global_scale", "w13_input_global_scale",
-        "w2_weight_packed", "w2_weight_scale", "w2_weight_global_scale", "w2_input_global_scale"};
+        "w2_weight_packed",  "w2_weight_scale",  "w2_weight_global_scale",  "w2_input_global_scale"};
     const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
     char name[512];
     for (int i = 0; i < 8; i++) {
@@ -387,7 +394,8 @@ megamoe_status megamoe_layer_load_checkpoint(megamoe_layer *l, megamoe_checkpoin
         info.intermediate_size != c->intermediate_size || info.format != c->format)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT,
                              "checkpoint layer '%s' is %s E=%d H=%d I=%d, but the layer was created %s E=%d "
-                             "H=%d I=%d", info.prefix, info.format == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16",
+                             "H=%d I=%d",
+                             info.prefix, info.format == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16",
                              info.num_experts, info.hidden_size, info.intermediate_size,
                              c->format == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16", c->num_experts,
                              c->hidden_size, c->intermediate_size);

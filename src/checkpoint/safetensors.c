@@ -26,7 +26,8 @@
 
 void mm_st_entries_free(mm_st_entry *entries, int n) {
     if (!entries) return;
-    for (int i = 0; i < n; i++) free(entries[i].name);
+    for (int i = 0; i < n; i++)
+        free(entries[i].name);
     free(entries);
 }
 
@@ -54,9 +55,12 @@ static megamoe_status parse_entry(const char *file, const char *name, json_t *v,
     }
     json_t *dtype = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
     json_t *offs = json_object_get(v, "data_offsets");
-    if (!json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2) {
-        mm_set_error(err, "%s: tensor '%s': needs \"dtype\" (string), \"shape\" (array) and "
-                     "\"data_offsets\" ([begin, end])", file, name);
+    if (!json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offs) ||
+        json_array_size(offs) != 2) {
+        mm_set_error(err,
+                     "%s: tensor '%s': needs \"dtype\" (string), \"shape\" (array) and "
+                     "\"data_offsets\" ([begin, end])",
+                     file, name);
         return MEGAMOE_ERR_FORMAT;
     }
     e->dtype = megamoe_dtype_from_name(json_string_value(dtype));
@@ -75,8 +79,10 @@ static megamoe_status parse_entry(const char *file, const char *name, json_t *v,
         uint64_t dim;
         if (!json_u64(json_array_get(shape, (size_t)d), &dim) || dim > INT64_MAX ||
             mm_mul_overflows_u64(bytes, dim, &bytes)) {
-            mm_set_error(err, "%s: tensor '%s': shape entry %d is not a non-negative integer or the "
-                         "size overflows", file, name, d);
+            mm_set_error(err,
+                         "%s: tensor '%s': shape entry %d is not a non-negative integer or the "
+                         "size overflows",
+                         file, name, d);
             return MEGAMOE_ERR_FORMAT;
         }
         e->shape[d] = (int64_t)dim;
@@ -87,14 +93,16 @@ static megamoe_status parse_entry(const char *file, const char *name, json_t *v,
         return MEGAMOE_ERR_FORMAT;
     }
     if (e->end > data_size) {
-        mm_set_error(err, "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data "
-                     "(%llu bytes)", file, name, (unsigned long long)e->begin, (unsigned long long)e->end,
+        mm_set_error(err,
+                     "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data "
+                     "(%llu bytes)",
+                     file, name, (unsigned long long)e->begin, (unsigned long long)e->end,
                      (unsigned long long)data_size);
         return MEGAMOE_ERR_FORMAT;
     }
     if (e->end - e->begin != bytes) {
-        mm_set_error(err, "%s: tensor '%s': %s shape needs %llu bytes but data_offsets span %llu", file,
-                     name, megamoe_dtype_name(e->dtype), (unsigned long long)bytes,
+        mm_set_error(err, "%s: tensor '%s': %s shape needs %llu bytes but data_offsets span %llu", file, name,
+                     megamoe_dtype_name(e->dtype), (unsigned long long)bytes,
                      (unsigned long long)(e->end - e->begin));
         return MEGAMOE_ERR_FORMAT;
     }
@@ -107,12 +115,15 @@ megamoe_status mm_safetensors_parse(const uint8_t *image, uint64_t size, const c
     *entries_out = NULL;
     *num_out = 0;
     if (size < 8) {
-        mm_set_error(err, "%s: %llu bytes is too short; a safetensors file starts with an 8-byte header "
-                     "length", file, (unsigned long long)size);
+        mm_set_error(err,
+                     "%s: %llu bytes is too short; a safetensors file starts with an 8-byte header "
+                     "length",
+                     file, (unsigned long long)size);
         return MEGAMOE_ERR_FORMAT;
     }
     uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = (n << 8) | image[i];
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | image[i];
     if (n > size - 8) {
         mm_set_error(err, "%s: header length %llu runs past the end of the file (%llu bytes)", file,
                      (unsigned long long)n, (unsigned long long)size);
@@ -126,8 +137,8 @@ megamoe_status mm_safetensors_parse(const uint8_t *image, uint64_t size, const c
     json_error_t jerr;
     json_t *root = json_loadb((const char *)image + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        mm_set_error(err, "%s: header is not valid JSON: %s (line %d, column %d)", file, jerr.text,
-                     jerr.line, jerr.column);
+        mm_set_error(err, "%s: header is not valid JSON: %s (line %d, column %d)", file, jerr.text, jerr.line,
+                     jerr.column);
         return MEGAMOE_ERR_FORMAT;
     }
     if (!json_is_object(root)) {
@@ -175,17 +186,18 @@ megamoe_status mm_safetensors_parse(const uint8_t *image, uint64_t size, const c
             mm_set_error(err, "%s: out of memory", file);
             st = MEGAMOE_ERR_OUT_OF_MEMORY;
         } else {
-            for (int i = 0; i < count; i++) by_begin[i] = &entries[i];
+            for (int i = 0; i < count; i++)
+                by_begin[i] = &entries[i];
             qsort(by_begin, (size_t)count, sizeof *by_begin, cmp_entry_begin);
             const mm_st_entry *prev = NULL;
             for (int i = 0; i < count && st == MEGAMOE_OK; i++) {
                 const mm_st_entry *e = by_begin[i];
                 if (e->begin == e->end) continue;
                 if (prev && e->begin < prev->end) {
-                    mm_set_error(err, "%s: tensors '%s' and '%s' overlap (bytes [%llu, %llu) and [%llu, %llu))",
-                                 file, prev->name, e->name, (unsigned long long)prev->begin,
-                                 (unsigned long long)prev->end, (unsigned long long)e->begin,
-                                 (unsigned long long)e->end);
+                    mm_set_error(
+                        err, "%s: tensors '%s' and '%s' overlap (bytes [%llu, %llu) and [%llu, %llu))", file,
+                        prev->name, e->name, (unsigned long long)prev->begin, (unsigned long long)prev->end,
+                        (unsigned long long)e->begin, (unsigned long long)e->end);
                     st = MEGAMOE_ERR_FORMAT;
                 }
                 prev = e;
@@ -224,8 +236,10 @@ static megamoe_status map_file(const char *path, mm_ck_file *f, char *err) {
     f->size = (uint64_t)sb.st_size;
     if (f->size < 8) {
         close(fd);
-        mm_set_error(err, "%s: %llu bytes is too short; a safetensors file starts with an 8-byte header "
-                     "length", path, (unsigned long long)f->size);
+        mm_set_error(err,
+                     "%s: %llu bytes is too short; a safetensors file starts with an 8-byte header "
+                     "length",
+                     path, (unsigned long long)f->size);
         return MEGAMOE_ERR_FORMAT;
     }
     void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -253,8 +267,10 @@ int mm_ck_lookup(const megamoe_checkpoint *ck, const char *name) {
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2, c = strcmp(ck->tensors[mid].name, name);
         if (c == 0) return mid;
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return -1;
 }
@@ -272,7 +288,8 @@ void mm_ck_view(const megamoe_checkpoint *ck, int i, megamoe_tensor *view) {
 /* Merges every file's tensors into one sorted table; a name in two files is an error. */
 static megamoe_status build_table(megamoe_checkpoint *ck) {
     int total = 0;
-    for (int f = 0; f < ck->num_files; f++) total += ck->files[f].num_entries;
+    for (int f = 0; f < ck->num_files; f++)
+        total += ck->files[f].num_entries;
     ck->tensors = calloc(total ? (size_t)total : 1, sizeof *ck->tensors);
     if (!ck->tensors) return MEGAMOE_ERR_OUT_OF_MEMORY;
     for (int f = 0; f < ck->num_files; f++)
@@ -367,16 +384,18 @@ static megamoe_status open_index(megamoe_checkpoint *ck, const char *index_path)
         return MEGAMOE_ERR_OUT_OF_MEMORY;
     }
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = '\0';
-    else strcpy(dir, ".");
+    if (slash)
+        *slash = '\0';
+    else
+        strcpy(dir, ".");
     const char *key;
     json_t *value;
     /* Pass 1: open each distinct shard once. */
     json_object_foreach(map, key, value) {
         if (!json_is_string(value) || strstr(json_string_value(value), "..") ||
             json_string_value(value)[0] == '/') {
-            mm_set_error(ck->error, "%s: weight_map[\"%s\"] must be a file name inside the folder", index_path,
-                         key);
+            mm_set_error(ck->error, "%s: weight_map[\"%s\"] must be a file name inside the folder",
+                         index_path, key);
             st = MEGAMOE_ERR_FORMAT;
             break;
         }
@@ -386,7 +405,8 @@ static megamoe_status open_index(megamoe_checkpoint *ck, const char *index_path)
             break;
         }
         int seen = 0;
-        for (int f = 0; f < ck->num_files && !seen; f++) seen = strcmp(ck->files[f].path, path) == 0;
+        for (int f = 0; f < ck->num_files && !seen; f++)
+            seen = strcmp(ck->files[f].path, path) == 0;
         if (!seen) st = add_file(ck, path);
         free(path);
         if (st) break;
@@ -486,7 +506,8 @@ megamoe_status megamoe_checkpoint_open(const char *path, megamoe_checkpoint **ou
 
 void megamoe_checkpoint_close(megamoe_checkpoint *ck) {
     if (!ck) return;
-    for (int f = 0; f < ck->num_files; f++) unmap_file(&ck->files[f]);
+    for (int f = 0; f < ck->num_files; f++)
+        unmap_file(&ck->files[f]);
     free(ck->files);
     free(ck->tensors);
     free(ck);
@@ -523,7 +544,8 @@ const char *megamoe_checkpoint_file(const megamoe_checkpoint *ck, int i) {
 /* ---- Writing --------------------------------------------------------------------------------- */
 
 static int cmp_named(const void *a, const void *b) {
-    return strcmp((*(const megamoe_named_tensor *const *)a)->name, (*(const megamoe_named_tensor *const *)b)->name);
+    return strcmp((*(const megamoe_named_tensor *const *)a)->name,
+                  (*(const megamoe_named_tensor *const *)b)->name);
 }
 
 megamoe_status megamoe_safetensors_write(const char *path, const megamoe_named_tensor *tensors, int n,
@@ -545,7 +567,8 @@ megamoe_status megamoe_safetensors_write(const char *path, const megamoe_named_t
         st = MEGAMOE_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    for (int i = 0; i < n; i++) order[i] = &tensors[i];
+    for (int i = 0; i < n; i++)
+        order[i] = &tensors[i];
     qsort(order, (size_t)n, sizeof *order, cmp_named);
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
@@ -558,7 +581,8 @@ megamoe_status megamoe_safetensors_write(const char *path, const megamoe_named_t
             goto done;
         }
         json_t *shape = json_array();
-        for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        for (int d = 0; d < t->ndim; d++)
+            json_array_append_new(shape, json_integer(t->shape[d]));
         const uint64_t bytes = (uint64_t)megamoe_tensor_numel(t) * megamoe_dtype_size(t->dtype);
         json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", megamoe_dtype_name(t->dtype), "shape", shape,
                               "data_offsets", (json_int_t)offset, (json_int_t)(offset + bytes));
@@ -590,9 +614,11 @@ megamoe_status megamoe_safetensors_write(const char *path, const megamoe_named_t
         goto done;
     }
     uint8_t len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
     int ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(header, 1, hlen, fp) == hlen;
-    for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', fp) != EOF;
+    for (size_t i = hlen; ok && i < padded; i++)
+        ok = fputc(' ', fp) != EOF;
     for (int i = 0; ok && i < n; i++) {
         const megamoe_tensor *t = &order[i]->tensor;
         const size_t bytes = (size_t)megamoe_tensor_numel(t) * megamoe_dtype_size(t->dtype);

@@ -62,7 +62,8 @@ static void decode_nvfp4_row(const decode_tables *t, const uint8_t *codes, const
 }
 
 static void decode_bf16_row(const uint16_t *in, int n, float *out) {
-    for (int i = 0; i < n; i++) out[i] = mm_bf16_to_f32(in[i]);
+    for (int i = 0; i < n; i++)
+        out[i] = mm_bf16_to_f32(in[i]);
 }
 
 /* NOTE: cloned for wider vector units; -ffp-contract=off keeps every clone's arithmetic identical
@@ -74,8 +75,8 @@ static void decode_bf16_row(const uint16_t *in, int n, float *out) {
 #endif
 
 /* Fixed-order f32 dot products of four weight rows w[4][n] with one vector x[n] (n % 8 == 0). */
-MM_VECTOR_CLONES static void dot4(const float *w0, const float *w1, const float *w2, const float *w3, const float *x,
-                 int n, float out[4]) {
+MM_VECTOR_CLONES static void dot4(const float *w0, const float *w1, const float *w2, const float *w3,
+                                  const float *x, int n, float out[4]) {
     float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
     for (int k = 0; k < n; k += 8) {
         for (int j = 0; j < 8; j++) {
@@ -95,7 +96,8 @@ MM_VECTOR_CLONES static void dot4(const float *w0, const float *w1, const float 
 static float sum_squares(const float *v, int n) {
     float a[8] = {0};
     for (int k = 0; k < n; k += 8)
-        for (int j = 0; j < 8; j++) a[j] += v[k + j] * v[k + j];
+        for (int j = 0; j < 8; j++)
+            a[j] += v[k + j] * v[k + j];
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
@@ -112,9 +114,9 @@ static void stage_rank(const megamoe_layer *l, int rank, const megamoe_forward_a
     const int T = a->num_tokens, K = l->config.top_k, H = l->config.hidden_size, E = l->config.num_experts;
     const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
     int32_t *num_tokens = (int32_t *)(base + L->num_tokens);
-    int32_t *ids = (int32_t *)(base + L->topk_ids);         /* [T_max, K] */
-    float *weights = (float *)(base + L->topk_weights);     /* [T_max, K] */
-    uint8_t *state = base + L->token_state;                 /* [T_max]    */
+    int32_t *ids = (int32_t *)(base + L->topk_ids);     /* [T_max, K] */
+    float *weights = (float *)(base + L->topk_weights); /* [T_max, K] */
+    uint8_t *state = base + L->token_state;             /* [T_max]    */
     *num_tokens = T;
     if (T == 0) return;
     memcpy(ids, a->topk_ids, (size_t)T * (size_t)K * sizeof *ids);
@@ -146,7 +148,8 @@ static void stage_rank(const megamoe_layer *l, int rank, const megamoe_forward_a
         ((float *)(base + L->x_scale))[t] = s;
         float block[16];
         for (int b = 0; b < H / 16; b++) {
-            for (int i = 0; i < 16; i++) block[i] = mm_bf16_to_f32(x[b * 16 + i]);
+            for (int i = 0; i < 16; i++)
+                block[i] = mm_bf16_to_f32(x[b * 16 + i]);
             sf[b] = mm_quantize_block16(block, s, codes + b * 8);
         }
     }
@@ -208,13 +211,13 @@ static int scratch_reserve(expert_scratch *s, size_t n, int H, int I) {
 /* out[i, row0..row0+nrows) = dot(w[row], x[i]) for rows decoded by `decode` into a thread buffer. */
 typedef struct gemm_args {
     const decode_tables *tab;
-    const uint8_t *codes;    /* NVFP4: [rows, k/2] */
-    const uint8_t *sf;       /* NVFP4: [rows, k/16] */
-    const uint16_t *bf16;    /* BF16:  [rows, k] */
-    int rows, k;             /* weight matrix [rows, k] */
-    const float *x;          /* [n, k] */
+    const uint8_t *codes; /* NVFP4: [rows, k/2] */
+    const uint8_t *sf;    /* NVFP4: [rows, k/16] */
+    const uint16_t *bf16; /* BF16:  [rows, k] */
+    int rows, k;          /* weight matrix [rows, k] */
+    const float *x;       /* [n, k] */
     int n;
-    float *out;              /* [n, rows] raw f32 sums */
+    float *out; /* [n, rows] raw f32 sums */
     int num_threads;
 } gemm_args;
 
@@ -240,8 +243,8 @@ static int gemm_rows(const gemm_args *g) {
             }
             for (int i = 0; i < g->n; i++) {
                 float o[4];
-                dot4(w, w + g->k, w + 2 * (size_t)g->k, w + 3 * (size_t)g->k, g->x + (size_t)i * g->k,
-                     g->k, o);
+                dot4(w, w + g->k, w + 2 * (size_t)g->k, w + 3 * (size_t)g->k, g->x + (size_t)i * g->k, g->k,
+                     o);
                 memcpy(g->out + (size_t)i * g->rows + r0, o, sizeof o);
             }
         }
@@ -287,8 +290,8 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
         const uint8_t *b = base[sr->src];
         float *xi = s->x + i * (size_t)H;
         if (nvfp4) {
-            decode_nvfp4_row(tab, b + L->x + (size_t)sr->token * H / 2, b + L->x_sf + (size_t)sr->token * H / 16,
-                             H, xi);
+            decode_nvfp4_row(tab, b + L->x + (size_t)sr->token * H / 2,
+                             b + L->x_sf + (size_t)sr->token * H / 16, H, xi);
             s->x_scale[i] = ((const float *)(b + L->x_scale))[sr->token];
         } else {
             decode_bf16_row((const uint16_t *)(b + L->x) + (size_t)sr->token * H, H, xi);
@@ -338,7 +341,8 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
                     act[b * 16 + 2 * j + 1] = tab->e2m1_pair[codes[j]][1] * tab->e4m3[sf];
                 }
             } else {
-                for (int j = 0; j < 16; j++) act[b * 16 + j] = mm_bf16_to_f32(mm_f32_to_bf16(a[j]));
+                for (int j = 0; j < 16; j++)
+                    act[b * 16 + j] = mm_bf16_to_f32(mm_f32_to_bf16(a[j]));
             }
         }
     }
@@ -361,10 +365,12 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
     for (size_t i = 0; i < n; i++) {
         float *p = s->p + i * (size_t)H;
         if (nvfp4)
-            for (int h = 0; h < H; h++) p[h] = mm_mul(mm_mul(p[h], a2), alpha_2);
+            for (int h = 0; h < H; h++)
+                p[h] = mm_mul(mm_mul(p[h], a2), alpha_2);
         if (gamma) {
             const float rms = 1.0f / sqrtf(sum_squares(p, H) / (float)H + eps);
-            for (int h = 0; h < H; h++) p[h] = p[h] * rms * gamma[h];
+            for (int h = 0; h < H; h++)
+                p[h] = p[h] * rms * gamma[h];
         }
         const slot_ref *sr = &s->slots[i];
         float *dst = (float *)(base[sr->src] + L->p) + ((size_t)sr->token * K + sr->slot) * H;
@@ -388,19 +394,23 @@ static void combine_rank(const megamoe_layer *l, const megamoe_forward_args *a, 
         uint16_t *y = a->y + (size_t)t * H;
         if (state[t] != MM_TOKEN_LIVE) {
             const uint16_t fill = state[t] == MM_TOKEN_POISONED ? 0x7FC0 : 0x0000; /* SPEC §5 */
-            for (int h = 0; h < H; h++) y[h] = fill;
+            for (int h = 0; h < H; h++)
+                y[h] = fill;
             continue;
         }
         float *acc = acc_all + (size_t)mm_thread_index() * H;
-        for (int h = 0; h < H; h++) acc[h] = 0.0f;
+        for (int h = 0; h < H; h++)
+            acc[h] = 0.0f;
         for (int k = 0; k < K; k++) {
             const int id = ids[(size_t)t * K + k];
             if (id < 0 || id >= E) continue;
             const float wk = weights[(size_t)t * K + k];
             const float *pk = p + ((size_t)t * K + k) * H;
-            for (int h = 0; h < H; h++) acc[h] = acc[h] + wk * pk[h];
+            for (int h = 0; h < H; h++)
+                acc[h] = acc[h] + wk * pk[h];
         }
-        for (int h = 0; h < H; h++) y[h] = mm_f32_to_bf16(acc[h]);
+        for (int h = 0; h < H; h++)
+            y[h] = mm_f32_to_bf16(acc[h]);
     }
 }
 
@@ -412,7 +422,8 @@ megamoe_status mm_cpu_forward(megamoe_layer *l, const megamoe_forward_args *args
     tables_init(tab);
 
     bad_id bad = {0, 0, 0, 0, 0};
-    for (int r = 0; r < g->local_ranks; r++) stage_rank(l, megamoe_group_rank(g, r), &args[r], base[r], &bad);
+    for (int r = 0; r < g->local_ranks; r++)
+        stage_rank(l, megamoe_group_rank(g, r), &args[r], base[r], &bad);
 
     expert_scratch s = {0};
     megamoe_status st = MEGAMOE_OK;
@@ -425,7 +436,8 @@ megamoe_status mm_cpu_forward(megamoe_layer *l, const megamoe_forward_args *args
 
     float *acc = malloc((size_t)g->num_threads * (size_t)l->config.hidden_size * sizeof *acc);
     if (!acc) return mm_layer_fail(l, MEGAMOE_ERR_OUT_OF_MEMORY, "out of host memory in combine");
-    for (int r = 0; r < g->local_ranks; r++) combine_rank(l, &args[r], base[r], acc);
+    for (int r = 0; r < g->local_ranks; r++)
+        combine_rank(l, &args[r], base[r], acc);
     free(acc);
 
     if (bad.count)

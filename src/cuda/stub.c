@@ -23,10 +23,16 @@ megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     return MEGAMOE_ERR_UNSUPPORTED;
 }
 void mm_cuda_layer_free(megamoe_layer *l) { (void)l; }
-uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *l) { (void)l; return 0; }
+uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *l) {
+    (void)l;
+    return 0;
+}
 megamoe_status mm_cuda_forward(megamoe_layer *l, const megamoe_forward_args *a, void *s) {
     (void)a, (void)s;
     mm_set_error(l->error, "layer '%s': this build has no CUDA backend", l->name);
     return MEGAMOE_ERR_UNSUPPORTED;
 }
-megamoe_status mm_cuda_layer_check(megamoe_layer *l) { (void)l; return MEGAMOE_OK; }
+megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
+    (void)l;
+    return MEGAMOE_OK;
+}
