@@ -9,5 +9,7 @@ rm -rf .devbin && mkdir -p .devbin/libs
 cp build-dev/megamoe build-dev/tests/test_gpu .devbin/
 for lib in libjansson.so.4 libcmocka.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/libs/; done
 cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
+# NCCL (218 MB) does not travel: the GPU machine's PyTorch wheel holds the same 2.28.9 the binaries
+# were built against (DEVICE.md); the device scripts put its folder first on the loader path.
 cp bench/device_check.sh .devbin/
 du -sh .devbin

@@ -110,7 +110,10 @@ int64_t megamoe_tensor_numel(const megamoe_tensor *t);
 typedef enum megamoe_backend {
     MEGAMOE_BACKEND_CPU = 0,  /* R ranks inside this process, computed on the host             */
     MEGAMOE_BACKEND_CUDA = 1, /* R ranks sharing one CUDA device (sm_90)                        */
-    MEGAMOE_BACKEND_NCCL = 2  /* one rank per process, one GPU each, peers through NCCL         */
+    MEGAMOE_BACKEND_NCCL = 2  /* one rank per process, one GPU each, peers through NCCL symmetric
+                                 memory (all ranks on NVLink). Creating and destroying layers is then
+                                 collective: every rank does it, in the same order; destroy the group
+                                 before the communicator. */
 } megamoe_backend;
 
 typedef struct megamoe_group_config {

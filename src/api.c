@@ -105,6 +105,7 @@ void megamoe_group_config_init(megamoe_group_config *config) {
 int megamoe_backend_available(megamoe_backend backend) {
     if (backend == MEGAMOE_BACKEND_CPU) return 1;
     if (backend == MEGAMOE_BACKEND_CUDA) return mm_cuda_available();
+    if (backend == MEGAMOE_BACKEND_NCCL) return mm_nccl_available();
     return 0;
 }
 
@@ -118,12 +119,14 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     g->config = *config;
-    if (config->backend == MEGAMOE_BACKEND_NCCL) {
-        mm_set_error(g->error, "the NCCL backend is not available in this build");
-        return MEGAMOE_ERR_UNSUPPORTED;
-    }
-    if (config->backend != MEGAMOE_BACKEND_CPU && config->backend != MEGAMOE_BACKEND_CUDA) {
+    if (config->backend != MEGAMOE_BACKEND_CPU && config->backend != MEGAMOE_BACKEND_CUDA &&
+        config->backend != MEGAMOE_BACKEND_NCCL) {
         mm_set_error(g->error, "unknown backend %d", (int)config->backend);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (config->backend == MEGAMOE_BACKEND_NCCL && config->num_ranks != 1) {
+        mm_set_error(g->error, "the NCCL backend drives one rank per process: num_ranks must be 1, got %d",
+                     config->num_ranks);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (config->num_ranks < 1 || config->num_ranks > 72) {
@@ -137,8 +140,8 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
     g->world_size = config->num_ranks;
     g->local_ranks = config->num_ranks;
     g->first_rank = 0;
-    if (config->backend == MEGAMOE_BACKEND_CUDA) {
-        megamoe_status st = mm_cuda_group_init(g);
+    if (config->backend != MEGAMOE_BACKEND_CPU) {
+        megamoe_status st = config->backend == MEGAMOE_BACKEND_NCCL ? mm_nccl_group_init(g) : mm_cuda_group_init(g);
         if (st != MEGAMOE_OK) return st;
     }
 #ifdef _OPENMP
@@ -227,6 +230,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4, A);
         l->splitk_counters = off;
         off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 4, A);
+        l->barrier = off;
+        off = align_up(off + (R + 1) * 8, A);
     }
     l->total = off;
 }
@@ -290,7 +295,9 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
         free(b);
         return MEGAMOE_ERR_OUT_OF_MEMORY;
     }
-    megamoe_status st = is_device(group) ? mm_cuda_buffer_alloc(group, b) : host_buffer_alloc(group, b);
+    megamoe_status st = group->config.backend == MEGAMOE_BACKEND_NCCL ? mm_nccl_buffer_alloc(group, b)
+                        : is_device(group)                             ? mm_cuda_buffer_alloc(group, b)
+                                                                       : host_buffer_alloc(group, b);
     if (st != MEGAMOE_OK) {
         free(b->rank_base);
         free(b);

@@ -45,6 +45,7 @@ typedef struct mm_buffer_layout {
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
     uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
+    uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */
     int max_tiles;            /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
     uint64_t total;           /* bytes per rank                                                     */
 } mm_buffer_layout;
@@ -65,6 +66,7 @@ typedef struct mm_buffer {
     mm_buffer_layout layout;
     void **rank_base; /* [local ranks] base address of each rank's buffer          */
     void *peer_table; /* device backends: device array of the ranks' base addresses */
+    void *backend;             /* NCCL: the window and device communicator                   */
     struct mm_buffer *next;
 } mm_buffer;
 
@@ -139,6 +141,8 @@ int mm_cuda_available(void);
 megamoe_status mm_cuda_group_init(megamoe_group *group);
 void mm_cuda_group_fini(megamoe_group *group);
 megamoe_status mm_cuda_buffer_alloc(megamoe_group *group, mm_buffer *buffer);
+/* Zeroes the split-K counters and the barrier words of the local ranks' buffers. */
+megamoe_status mm_cuda_buffer_init(megamoe_group *group, mm_buffer *buffer);
 void mm_cuda_buffer_free(megamoe_group *group, mm_buffer *buffer);
 /* Uploads the weights into the kernel layout and frees the host copies. */
 megamoe_status mm_cuda_layer_finalize(megamoe_layer *layer);
@@ -146,6 +150,12 @@ void mm_cuda_layer_free(megamoe_layer *layer);
 uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *layer);
 megamoe_status mm_cuda_forward(megamoe_layer *layer, const megamoe_forward_args *args, void *stream);
 megamoe_status mm_cuda_layer_check(megamoe_layer *layer);
+
+/* The NCCL backend (src/ep/nccl.cu; src/ep/nccl_stub.c without NCCL's device API). */
+int mm_nccl_available(void);
+megamoe_status mm_nccl_group_init(megamoe_group *group);
+megamoe_status mm_nccl_buffer_alloc(megamoe_group *group, mm_buffer *buffer);
+void mm_nccl_buffer_free(megamoe_group *group, mm_buffer *buffer);
 
 /* ---- Checkpoint internals (exposed for the fuzzer and the tests) ---------------------------------- */
 

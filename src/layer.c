@@ -565,7 +565,7 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
                                                 : l->norm_weight[h];
         l->norm_gamma = g;
     }
-    if (l->group->config.backend == MEGAMOE_BACKEND_CUDA) {
+    if (l->group->config.backend != MEGAMOE_BACKEND_CPU) {
         megamoe_status st = mm_cuda_layer_finalize(l);
         if (st != MEGAMOE_OK) {
             free(l->norm_gamma);
@@ -605,13 +605,13 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x, topk_ids, topk_weights and y must not be NULL", rank);
     }
-    if (l->group->config.backend == MEGAMOE_BACKEND_CUDA) return mm_cuda_forward(l, args, stream);
+    if (l->group->config.backend != MEGAMOE_BACKEND_CPU) return mm_cuda_forward(l, args, stream);
     return mm_cpu_forward(l, args);
 }
 
 megamoe_status megamoe_layer_check(megamoe_layer *l) {
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
-    if (l->group->config.backend == MEGAMOE_BACKEND_CUDA && l->finalized) return mm_cuda_layer_check(l);
+    if (l->group->config.backend != MEGAMOE_BACKEND_CPU && l->finalized) return mm_cuda_layer_check(l);
     return MEGAMOE_OK;
 }
 

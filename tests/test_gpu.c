@@ -25,6 +25,13 @@
 #include "internal.h"
 #include "test_util.h"
 
+#ifdef MEGAMOE_HAVE_NCCL
+#include <nccl.h>
+/* A 1-rank communicator: the NCCL backend runs the same cases as the CUDA backend (issue 4 item 3). */
+static ncclComm_t g_comm;
+static int g_have_comm;
+#endif
+
 #define CK(call)                                                                                             \
     do {                                                                                                     \
         cudaError_t e_ = (call);                                                                             \
@@ -177,6 +184,20 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         megamoe_layer_destroy(l);
         megamoe_group_destroy(g);
     }
+#ifdef MEGAMOE_HAVE_NCCL
+    if (g_have_comm && y_first) { /* the NCCL backend, one rank: bitwise equal to the CUDA backend */
+        make_layer(&m, MEGAMOE_BACKEND_NCCL, 1, &g, &l);
+        uint16_t *y = gpu_run(g, l, &in, &d);
+        char what[160];
+        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d NCCL 1 rank", fmt ? "bf16 " : "nvfp4", gc->E, gc->K,
+                 gc->H, gc->I, gc->T);
+        compare(&in, y, y_cpu, what);
+        if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0) fail_msg("%s: y differs from the CUDA backend", what);
+        free(y);
+        megamoe_layer_destroy(l);
+        megamoe_group_destroy(g);
+    }
+#endif
     free(y_first);
     free(y_cpu);
     dev_free(&d);
@@ -330,11 +351,21 @@ int main(int argc, char **argv) {
         return 77;
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
+#ifdef MEGAMOE_HAVE_NCCL
+    ncclUniqueId id;
+    g_have_comm = ncclGetUniqueId(&id) == ncclSuccess && ncclCommInitRank(&g_comm, 1, id, 0) == ncclSuccess;
+    printf("NCCL backend: %s\n", g_have_comm ? "1-rank communicator, every grid case runs on it too"
+                                              : "no communicator could be made: its cases are SKIPPED");
+#endif
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_activation_bytes),
         cmocka_unit_test(test_graph_capture_and_errors),
         cmocka_unit_test(test_grid_small),
         cmocka_unit_test(test_grid_large),
     };
-    return _cmocka_run_group_tests("gpu", all, quick ? 2 : 4, NULL, NULL) ? 1 : 0;
+    const int failed = _cmocka_run_group_tests("gpu", all, quick ? 2 : 4, NULL, NULL);
+#ifdef MEGAMOE_HAVE_NCCL
+    if (g_have_comm) ncclCommDestroy(g_comm);
+#endif
+    return failed ? 1 : 0;
 }

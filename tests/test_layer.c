@@ -68,9 +68,19 @@ static void test_size_rules(void **state) {
     assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(megamoe_group_last_error(g), "R=73"));
     megamoe_group_destroy(g);
-    gc.num_ranks = 1;
+    /* NCCL: one rank per process, and a communicator is needed (or the build has no NCCL backend). */
     gc.backend = MEGAMOE_BACKEND_NCCL;
+    gc.num_ranks = 2;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(megamoe_group_last_error(g), "num_ranks must be 1"));
+    megamoe_group_destroy(g);
+    gc.num_ranks = 1;
+#ifdef MEGAMOE_HAVE_NCCL
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(megamoe_group_last_error(g), "nccl_comm"));
+#else
     assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_UNSUPPORTED);
+#endif
     megamoe_group_destroy(g);
     megamoe_group_destroy(NULL);
     megamoe_layer_destroy(NULL);

@@ -103,11 +103,7 @@ extern "C" megamoe_status mm_cuda_buffer_alloc(megamoe_group *g, mm_buffer *b) {
             b->rank_base[r] = NULL;
         }
     }
-    for (int r = 0; r < g->local_ranks && st == MEGAMOE_OK; r++) { /* split-K counters start at 0 */
-        cudaError_t err = cudaMemset((uint8_t *)b->rank_base[r] + b->layout.splitk_counters, 0,
-                                     MM_SPLITK_ENTRIES * sizeof(int));
-        if (err != cudaSuccess) st = mm_cuda_error(err, "cudaMemset(split-K counters)", __FILE__, __LINE__);
-    }
+    if (st == MEGAMOE_OK) st = mm_cuda_buffer_init(g, b);
     if (st == MEGAMOE_OK) {
         cudaError_t err = cudaMalloc(&b->peer_table, sizeof(void *) * (size_t)g->local_ranks);
         if (err == cudaSuccess)
@@ -120,6 +116,18 @@ extern "C" megamoe_status mm_cuda_buffer_alloc(megamoe_group *g, mm_buffer *b) {
         mm_cuda_buffer_free(g, b);
     }
     return st;
+}
+
+extern "C" megamoe_status mm_cuda_buffer_init(megamoe_group *g, mm_buffer *b) {
+    device_scope scope(device_of(g));
+    const mm_buffer_layout &L = b->layout;
+    for (int r = 0; r < g->local_ranks; r++) {
+        uint8_t *base = (uint8_t *)b->rank_base[r];
+        MM_CUDA_TRY(cudaMemset(base + L.splitk_counters, 0, MM_SPLITK_ENTRIES * sizeof(int)));
+        MM_CUDA_TRY(cudaMemset(base + L.barrier, 0, ((size_t)g->world_size + 1) * 8));
+    }
+    MM_CUDA_TRY(cudaDeviceSynchronize()); /* zero before any peer can see the buffer */
+    return MEGAMOE_OK;
 }
 
 extern "C" void mm_cuda_buffer_free(megamoe_group *g, mm_buffer *b) {
@@ -275,6 +283,8 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     const mm_buffer_layout &L = l->buffer->layout;
     mm_dev_shape sh;
     sh.R = g->world_size;
+    sh.first_rank = g->first_rank;
+    sh.local_ranks = g->local_ranks;
     sh.E = l->config.num_experts;
     sh.E_r = l->experts_per_rank;
     sh.K = l->config.top_k;
@@ -296,12 +306,19 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
         megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, s);
         if (st) return st;
     }
-    megamoe_status st = sm90_route_launch(sh, L, peers, s);
+    /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
+    const bool nccl = g->config.backend == MEGAMOE_BACKEND_NCCL;
+    const int timeout_ms = l->config.timeout_ms;
+    megamoe_status st = MEGAMOE_OK;
+    if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
+    st = sm90_route_launch(sh, L, peers, s);
     if (st) return st;
     int total_tokens = 0;
     for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
     st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, s);
     if (st) return st;
+    /* NCCL: every p this rank's tokens need has been written by its owner. */
+    if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
@@ -332,9 +349,16 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
         return mm_layer_fail(l, MEGAMOE_ERR_CUDA, "%s", mm_cuda_last_message());
     }
     unsigned long long first;
-    unsigned int count;
+    unsigned int count, late;
     memcpy(&first, cl->host_error, 8);
     memcpy(&count, cl->host_error + 8, 4);
+    memcpy(&late, cl->host_error + 12, 4);
+    if (late) {
+        memset(cl->host_error, 0, 16);
+        return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
+                             "rank %d waited more than timeout_ms=%d for rank %u; y is not valid",
+                             megamoe_group_rank(l->group, 0), l->config.timeout_ms, late - 1);
+    }
     if (count == 0) return MEGAMOE_OK;
     const int K = l->config.top_k, T_max = l->config.max_tokens;
     const unsigned key = (unsigned)(first >> 32);

@@ -15,7 +15,9 @@ extern "C" {
 
 /* The sizes one forward's kernels need, by value. */
 struct mm_dev_shape {
-    int R;          /* ranks in the group (all local: one process drives them)  */
+    int R;          /* ranks in the group                                        */
+    int first_rank; /* global rank of this process's local rank 0               */
+    int local_ranks;/* ranks this process drives (R on one GPU, 1 with NCCL)    */
     int E, E_r, K;  /* experts, experts per rank, top-k                          */
     int H, I;       /* hidden and intermediate sizes                             */
     int T_max;
@@ -64,6 +66,10 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
                                  cudaStream_t s);
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                        const mm_dev_weights *weights, int total_tokens, cudaStream_t s);
+/* Every rank of the group arrives at and waits for the others (NCCL backend: ranks on other GPUs),
+ * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word. */
+megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                   int timeout_ms, cudaStream_t s);
 megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
                                    const float *gamma, const mm_dev_rank_args &a, cudaStream_t s);
 

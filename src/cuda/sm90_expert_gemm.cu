@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
     __shared__ float col_scale[BN];
 
-    const int r = blockIdx.z / splits, split = blockIdx.z % splits, tile = blockIdx.x;
+    const int r = sh.first_rank + (int)blockIdx.z / splits, split = blockIdx.z % splits, tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
      * sums in split order (deterministic) and runs the epilogue. */
     const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
-    const mm_dev_weights W = weights[r];
+    const mm_dev_weights W = weights[r - sh.first_rank]; /* the table holds the local ranks */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
     for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)&Bs[0][0])[i] = make_uint4(0, 0, 0, 0);
@@ -431,7 +431,7 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
      * thousands of blocks that only read the tile count and exit, ~0.2 ms at T = 1. */
     const int tiles = L.max_tiles < ws_tiles ? L.max_tiles : ws_tiles;
     if (tiles <= 0) return MEGAMOE_OK;
-    const dim3 grid_gate_up(tiles, y_gate_up, sh.R * sp1), grid_down(tiles, y_down, sh.R * sp2);
+    const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \

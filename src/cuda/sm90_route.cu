@@ -26,7 +26,7 @@ __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L,
 }
 
 __global__ void sm90_route_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
-    const int e = blockIdx.x, r = blockIdx.y, expert = r * sh.E_r + e;
+    const int e = blockIdx.x, r = sh.first_rank + blockIdx.y, expert = r * sh.E_r + e;
     int count = 0;
     for_each_slot(sh, L, peers, expert, [&](int, bool match) { count += __syncthreads_count(match); });
     if (threadIdx.x == 0) ((int32_t *)(peers[r] + L.expert_count))[e] = count;
@@ -56,7 +56,7 @@ __device__ int block_exclusive_scan(int v, int *total) {
 /* Expert offsets and the tile list, in expert order: one block per rank, experts in chunks of
  * blockDim.x with a block-wide scan (a single thread walking 256 experts cost ~0.1 ms). */
 __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
-    uint8_t *b = peers[blockIdx.x];
+    uint8_t *b = peers[sh.first_rank + blockIdx.x];
     const int32_t *count = (const int32_t *)(b + L.expert_count);
     int32_t *offset = (int32_t *)(b + L.expert_offset);
     int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
@@ -85,7 +85,7 @@ __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
 
 __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
     __shared__ int warp_counts[32];
-    const int e = blockIdx.x, r = blockIdx.y, expert = r * sh.E_r + e;
+    const int e = blockIdx.x, r = sh.first_rank + blockIdx.y, expert = r * sh.E_r + e;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int32_t *slots = (int32_t *)(peers[r] + L.slots) + ((const int32_t *)(peers[r] + L.expert_offset))[e];
     int pos = 0;
@@ -106,10 +106,11 @@ __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint
 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  cudaStream_t s) {
-    const dim3 grid(sh.E_r, sh.R);
+    const int local_ranks = sh.local_ranks;
+    const dim3 grid(sh.E_r, local_ranks);
     sm90_route_count_kernel<<<grid, 256, 0, s>>>(sh, L, peers);
     MM_CUDA_TRY(cudaGetLastError());
-    sm90_route_tiles_kernel<<<sh.R, 256, 0, s>>>(sh, L, peers);
+    sm90_route_tiles_kernel<<<local_ranks, 256, 0, s>>>(sh, L, peers);
     MM_CUDA_TRY(cudaGetLastError());
     sm90_route_fill_kernel<<<grid, 256, 0, s>>>(sh, L, peers);
     MM_CUDA_TRY(cudaGetLastError());

@@ -1,0 +1,121 @@
+/*
+ * nccl.cu -- the NCCL backend: one rank per process and GPU, the caller's ncclComm_t. The
+ * communication buffer of SPEC §7 comes from ncclMemAlloc, registered as a symmetric window; every
+ * rank's base address in every peer's view is read on the device with ncclGetLsaPointer into the
+ * same peer table the single-GPU backend uses, so all kernels are shared. Cross-rank ordering comes
+ * from sm90_barrier (bounded waits), inserted by the forward when the backend is NCCL.
+ * Built against NCCL >= 2.28 (device API); see docs/DECISIONS.md on the headers and library.
+ */
+#include <nccl.h>
+#include <nccl_device.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cuda/common.cuh"
+
+struct mm_nccl_buffer {
+    ncclWindow_t window;
+    ncclDevComm dev_comm;
+    int have_dev_comm;
+};
+
+static megamoe_status nccl_fail(megamoe_group *g, ncclResult_t r, const char *what) {
+    mm_set_error(g->error, "%s failed: %s", what, ncclGetErrorString(r));
+    return MEGAMOE_ERR_NCCL;
+}
+
+static ncclComm_t comm_of(const megamoe_group *g) { return (ncclComm_t)g->config.nccl_comm; }
+
+extern "C" int mm_nccl_available(void) { return mm_cuda_available(); }
+
+extern "C" megamoe_status mm_nccl_group_init(megamoe_group *g) {
+    if (!g->config.nccl_comm) {
+        mm_set_error(g->error, "the NCCL backend needs config.nccl_comm (an ncclComm_t)");
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    int R = 0, rank = 0;
+    ncclResult_t r = ncclCommCount(comm_of(g), &R);
+    if (r == ncclSuccess) r = ncclCommUserRank(comm_of(g), &rank);
+    if (r != ncclSuccess) return nccl_fail(g, r, "ncclCommCount/ncclCommUserRank");
+    if (R < 1 || R > 72) {
+        mm_set_error(g->error, "the communicator has R=%d ranks; 1..72 are supported", R);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    const ncclTeam_t lsa = ncclTeamLsa(comm_of(g));
+    if (lsa.nRanks != R) {
+        mm_set_error(g->error, "only %d of the %d ranks share NVLink with rank %d; ranks on other machines need "
+                     "GIN (docs/MULTINODE.md), not supported yet", lsa.nRanks, R, rank);
+        return MEGAMOE_ERR_UNSUPPORTED;
+    }
+    megamoe_status st = mm_cuda_group_init(g); /* the device: config.device, sm_90 checked */
+    if (st != MEGAMOE_OK) return st;
+    g->world_size = R;
+    g->local_ranks = 1;
+    g->first_rank = rank;
+    return MEGAMOE_OK;
+}
+
+/* table[p] = rank p's buffer as this GPU sees it. */
+__global__ void mm_fill_peer_table(ncclWindow_t window, const int *lsa_rank, int R, uint8_t **table) {
+    for (int p = threadIdx.x; p < R; p += blockDim.x) table[p] = (uint8_t *)ncclGetLsaPointer(window, 0, lsa_rank[p]);
+}
+
+extern "C" megamoe_status mm_nccl_buffer_alloc(megamoe_group *g, mm_buffer *b) {
+    const int R = g->world_size;
+    mm_nccl_buffer *nb = (mm_nccl_buffer *)calloc(1, sizeof *nb);
+    int *lsa_host = (int *)calloc((size_t)R, sizeof(int));
+    int *lsa_dev = NULL;
+    megamoe_status st = MEGAMOE_OK;
+    if (!nb || !lsa_host) st = MEGAMOE_ERR_OUT_OF_MEMORY;
+    ncclResult_t r = ncclSuccess;
+    if (st == MEGAMOE_OK && (r = ncclMemAlloc(&b->rank_base[0], (size_t)b->layout.total)) != ncclSuccess)
+        st = nccl_fail(g, r, "ncclMemAlloc(communication buffer)");
+    if (st == MEGAMOE_OK) st = mm_cuda_buffer_init(g, b);
+    /* Collective: every rank registers its buffer as one symmetric window. */
+    if (st == MEGAMOE_OK &&
+        (r = ncclCommWindowRegister(comm_of(g), b->rank_base[0], (size_t)b->layout.total, &nb->window,
+                                    NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess)
+        st = nccl_fail(g, r, "ncclCommWindowRegister");
+    if (st == MEGAMOE_OK) {
+        ncclDevCommRequirements reqs;
+        memset(&reqs, 0, sizeof reqs);
+        if ((r = ncclDevCommCreate(comm_of(g), &reqs, &nb->dev_comm)) != ncclSuccess)
+            st = nccl_fail(g, r, "ncclDevCommCreate");
+        else nb->have_dev_comm = 1;
+    }
+    if (st == MEGAMOE_OK) {
+        const ncclTeam_t world = ncclTeamWorld(comm_of(g));
+        for (int p = 0; p < R; p++) lsa_host[p] = ncclTeamRankToLsa(comm_of(g), world, p);
+        cudaError_t err = cudaMalloc((void **)&lsa_dev, sizeof(int) * (size_t)R);
+        if (err == cudaSuccess) err = cudaMalloc(&b->peer_table, sizeof(void *) * (size_t)R);
+        if (err == cudaSuccess) err = cudaMemcpy(lsa_dev, lsa_host, sizeof(int) * (size_t)R, cudaMemcpyHostToDevice);
+        if (err == cudaSuccess) {
+            mm_fill_peer_table<<<1, 128>>>(nb->window, lsa_dev, R, (uint8_t **)b->peer_table);
+            err = cudaGetLastError();
+        }
+        if (err == cudaSuccess) err = cudaDeviceSynchronize();
+        if (err != cudaSuccess) {
+            mm_cuda_error(err, "peer table", __FILE__, __LINE__);
+            mm_set_error(g->error, "%s", mm_cuda_last_message());
+            st = MEGAMOE_ERR_CUDA;
+        }
+    }
+    cudaFree(lsa_dev);
+    free(lsa_host);
+    b->backend = nb;
+    if (st != MEGAMOE_OK) mm_nccl_buffer_free(g, b);
+    return st;
+}
+
+extern "C" void mm_nccl_buffer_free(megamoe_group *g, mm_buffer *b) {
+    mm_nccl_buffer *nb = (mm_nccl_buffer *)b->backend;
+    cudaFree(b->peer_table);
+    b->peer_table = NULL;
+    if (nb && nb->have_dev_comm) ncclDevCommDestroy(comm_of(g), &nb->dev_comm);
+    if (nb && nb->window) ncclCommWindowDeregister(comm_of(g), nb->window);
+    if (b->rank_base[0]) ncclMemFree(b->rank_base[0]);
+    b->rank_base[0] = NULL;
+    free(nb);
+    b->backend = NULL;
+}
