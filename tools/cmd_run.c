@@ -36,6 +36,8 @@ static const char k_run_help[] =
     "  --ranks R             expert-parallel ranks (default 1); tokens are split over them in\n"
     "                        contiguous chunks; y does not depend on R\n"
     "  --backend cpu|cuda    where to run (default cpu)\n"
+    "  --gpus N              run on N GPUs of this machine, one NCCL rank each (tokens split in\n"
+    "                        contiguous chunks; implies the NCCL backend)\n"
     "  --threads N           CPU worker threads (default: one per core)\n"
     "  --max-tokens N        T_max per rank (default: the tokens of the largest chunk)\n"
     "  --norm-eps X          post-expert RMSNorm epsilon (default 1e-6)\n"
@@ -93,6 +95,7 @@ int cmd_run(int argc, char **argv) {
                                          {"input", required_argument, 0, 'i'},
                                          {"output", required_argument, 0, 'o'},
                                          {"ranks", required_argument, 0, 'r'},
+                                         {"gpus", required_argument, 0, 'G'},
                                          {"backend", required_argument, 0, 'b'},
                                          {"threads", required_argument, 0, 't'},
                                          {"max-tokens", required_argument, 0, 'm'},
@@ -103,7 +106,7 @@ int cmd_run(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *ckpt = NULL, *prefix = "", *in_path = NULL, *out_path = NULL;
-    int ranks = 1, threads = 0, max_tokens = 0;
+    int ranks = 1, threads = 0, max_tokens = 0, gpus = 0;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
     megamoe_layer_config cfg;
     megamoe_layer_config_init(&cfg);
@@ -116,6 +119,7 @@ int cmd_run(int argc, char **argv) {
         case 'i': in_path = optarg; break;
         case 'o': out_path = optarg; break;
         case 'r': ok = cli_parse_int(optarg, &ranks); break;
+        case 'G': ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
         case 't': ok = cli_parse_int(optarg, &threads); break;
         case 'm': ok = cli_parse_int(optarg, &max_tokens); break;
         case 'e': ok = cli_parse_float(optarg, &cfg.norm_eps); break;
@@ -171,6 +175,7 @@ int cmd_run(int argc, char **argv) {
         cli_fail("run: --ranks must be >= 1");
         goto done;
     }
+    if (gpus > 0) ranks = gpus; /* one rank per GPU */
     const int chunk = (in.T + ranks - 1) / ranks;
     cfg.name = info.prefix[0] ? info.prefix : "moe";
     cfg.num_experts = info.num_experts;
@@ -179,6 +184,19 @@ int cmd_run(int argc, char **argv) {
     cfg.intermediate_size = info.intermediate_size;
     cfg.format = info.format;
     cfg.max_tokens = max_tokens > 0 ? max_tokens : (chunk > 0 ? chunk : 1);
+    if (gpus > 0) {
+        x = aligned_copy(&in.x);
+        ids = aligned_copy(&in.ids);
+        w = aligned_copy(&in.weights);
+        pad = in.has_padding ? aligned_copy(&in.padding) : NULL;
+        y = malloc((size_t)in.T * (size_t)in.H * 2 + 2);
+        if (!x || !ids || !w || !y || (in.has_padding && !pad)) {
+            cli_fail("out of memory");
+            goto done;
+        }
+        if (cli_run_gpus(gpus, &cfg, ck, info.prefix, in.T, in.K, in.H, x, ids, w, pad, y)) goto done;
+        goto write;
+    }
     if (cli_layer_create(backend, ranks, threads, &cfg, &L)) goto done;
     st = megamoe_layer_load_checkpoint(L.layer, ck, info.prefix, cli_progress, NULL);
     if (st == MEGAMOE_OK) st = megamoe_layer_finalize(L.layer);
@@ -202,6 +220,7 @@ int cmd_run(int argc, char **argv) {
         cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
         goto done;
     }
+write:;
     megamoe_named_tensor out = {"y", {MEGAMOE_DTYPE_BF16, 2, {in.T, in.H}, y}};
     char err[1024];
     st = megamoe_safetensors_write(out_path, &out, 1, err, sizeof err);

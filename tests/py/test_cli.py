@@ -127,3 +127,6 @@ def test_cuda_backend_message_without_gpu(setup):
     p = mr.run_cli("run", "--checkpoint", tmp / "good.safetensors", "--input", inp, "--output", tmp / "y",
                    "--backend", "cuda", check=False)
     assert p.returncode != 0 and "--backend cuda" in p.stderr and "CUDA" in p.stderr
+    p = mr.run_cli("run", "--checkpoint", tmp / "good.safetensors", "--input", inp, "--output", tmp / "y",
+                   "--gpus", "2", check=False)
+    assert p.returncode != 0 and "--gpus" in p.stderr
