@@ -50,6 +50,8 @@ struct mm_cuda_layer {
 
 static int device_of(const megamoe_group *g) { return ((const mm_cuda_group *)g->device)->device; }
 
+int mm_cuda_group_device(const megamoe_group *g) { return device_of(g); }
+
 extern "C" int mm_cuda_available(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {

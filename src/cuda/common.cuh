@@ -54,6 +54,9 @@ struct mm_dev_rank_args {
         if (err_ != cudaSuccess) return mm_cuda_error(err_, #call, __FILE__, __LINE__);            \
     } while (0)
 
+/* The CUDA device of a device-backend group. */
+int mm_cuda_group_device(const megamoe_group *g);
+
 /* Records a CUDA failure as a message for the caller's handle (set by the host side). */
 megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line);
 /* The message of the last mm_cuda_error (host side, per thread). */

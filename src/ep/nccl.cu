@@ -63,6 +63,9 @@ __global__ void mm_fill_peer_table(ncclWindow_t window, const int *lsa_rank, int
 
 extern "C" megamoe_status mm_nccl_buffer_alloc(megamoe_group *g, mm_buffer *b) {
     const int R = g->world_size;
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(mm_cuda_group_device(g)); /* ncclMemAlloc and the window live on the group's GPU */
     mm_nccl_buffer *nb = (mm_nccl_buffer *)calloc(1, sizeof *nb);
     int *lsa_host = (int *)calloc((size_t)R, sizeof(int));
     int *lsa_dev = NULL;
@@ -105,11 +108,15 @@ extern "C" megamoe_status mm_nccl_buffer_alloc(megamoe_group *g, mm_buffer *b) {
     free(lsa_host);
     b->backend = nb;
     if (st != MEGAMOE_OK) mm_nccl_buffer_free(g, b);
+    if (previous >= 0) cudaSetDevice(previous);
     return st;
 }
 
 extern "C" void mm_nccl_buffer_free(megamoe_group *g, mm_buffer *b) {
     mm_nccl_buffer *nb = (mm_nccl_buffer *)b->backend;
+    int previous = -1;
+    cudaGetDevice(&previous);
+    cudaSetDevice(mm_cuda_group_device(g));
     cudaFree(b->peer_table);
     b->peer_table = NULL;
     if (nb && nb->have_dev_comm) ncclDevCommDestroy(comm_of(g), &nb->dev_comm);
@@ -118,4 +125,5 @@ extern "C" void mm_nccl_buffer_free(megamoe_group *g, mm_buffer *b) {
     b->rank_base[0] = NULL;
     free(nb);
     b->backend = NULL;
+    if (previous >= 0) cudaSetDevice(previous);
 }
