@@ -141,7 +141,8 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
     g->local_ranks = config->num_ranks;
     g->first_rank = 0;
     if (config->backend != MEGAMOE_BACKEND_CPU) {
-        megamoe_status st = config->backend == MEGAMOE_BACKEND_NCCL ? mm_nccl_group_init(g) : mm_cuda_group_init(g);
+        megamoe_status st =
+            config->backend == MEGAMOE_BACKEND_NCCL ? mm_nccl_group_init(g) : mm_cuda_group_init(g);
         if (st != MEGAMOE_OK) return st;
     }
 #ifdef _OPENMP
@@ -296,8 +297,8 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
         return MEGAMOE_ERR_OUT_OF_MEMORY;
     }
     megamoe_status st = group->config.backend == MEGAMOE_BACKEND_NCCL ? mm_nccl_buffer_alloc(group, b)
-                        : is_device(group)                             ? mm_cuda_buffer_alloc(group, b)
-                                                                       : host_buffer_alloc(group, b);
+                        : is_device(group)                            ? mm_cuda_buffer_alloc(group, b)
+                                                                      : host_buffer_alloc(group, b);
     if (st != MEGAMOE_OK) {
         free(b->rank_base);
         free(b);

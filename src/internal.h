@@ -66,7 +66,7 @@ typedef struct mm_buffer {
     mm_buffer_layout layout;
     void **rank_base; /* [local ranks] base address of each rank's buffer          */
     void *peer_table; /* device backends: device array of the ranks' base addresses */
-    void *backend;             /* NCCL: the window and device communicator                   */
+    void *backend;    /* NCCL: the window and device communicator                   */
     struct mm_buffer *next;
 } mm_buffer;
 

@@ -189,10 +189,11 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         make_layer(&m, MEGAMOE_BACKEND_NCCL, 1, &g, &l);
         uint16_t *y = gpu_run(g, l, &in, &d);
         char what[160];
-        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d NCCL 1 rank", fmt ? "bf16 " : "nvfp4", gc->E, gc->K,
-                 gc->H, gc->I, gc->T);
+        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d NCCL 1 rank", fmt ? "bf16 " : "nvfp4", gc->E,
+                 gc->K, gc->H, gc->I, gc->T);
         compare(&in, y, y_cpu, what);
-        if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0) fail_msg("%s: y differs from the CUDA backend", what);
+        if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0)
+            fail_msg("%s: y differs from the CUDA backend", what);
         free(y);
         megamoe_layer_destroy(l);
         megamoe_group_destroy(g);
@@ -355,7 +356,7 @@ int main(int argc, char **argv) {
     ncclUniqueId id;
     g_have_comm = ncclGetUniqueId(&id) == ncclSuccess && ncclCommInitRank(&g_comm, 1, id, 0) == ncclSuccess;
     printf("NCCL backend: %s\n", g_have_comm ? "1-rank communicator, every grid case runs on it too"
-                                              : "no communicator could be made: its cases are SKIPPED");
+                                             : "no communicator could be made: its cases are SKIPPED");
 #endif
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_activation_bytes),

@@ -40,7 +40,9 @@ static void *gpu_main(void *arg) {
     if (st) snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_group_last_error(L.group));
     if (!st && (st = megamoe_layer_create(L.group, j->cfg, &L.layer)) != MEGAMOE_OK)
         snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_layer_last_error(L.layer));
-    if (!st) st = megamoe_layer_load_checkpoint(L.layer, j->ck, j->prefix, j->rank == 0 ? cli_progress : NULL, NULL);
+    if (!st)
+        st = megamoe_layer_load_checkpoint(L.layer, j->ck, j->prefix, j->rank == 0 ? cli_progress : NULL,
+                                           NULL);
     if (!st) st = megamoe_layer_finalize(L.layer);
     if (!st) st = cli_forward_split_device(&L, j->T, j->K, j->H, j->x, j->ids, j->w, j->pad, j->y, 0, NULL);
     if (st && !j->error[0])
@@ -50,25 +52,42 @@ static void *gpu_main(void *arg) {
     return NULL;
 }
 
-int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T, int K,
-                 int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y) {
+int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T,
+                 int K, int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad,
+                 uint16_t *y) {
     int visible = 0;
     if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < gpus)
-        return cli_fail("run: --gpus %d, but %d GPU%s visible", gpus, visible, visible == 1 ? " is" : "s are");
+        return cli_fail("run: --gpus %d, but %d GPU%s visible", gpus, visible,
+                        visible == 1 ? " is" : "s are");
     ncclComm_t *comms = calloc((size_t)gpus, sizeof *comms);
     gpu_job *jobs = calloc((size_t)gpus, sizeof *jobs);
     pthread_t *threads = calloc((size_t)gpus, sizeof *threads);
     int *devs = calloc((size_t)gpus, sizeof *devs);
     int rc = 0;
     if (!comms || !jobs || !threads || !devs) rc = cli_fail("out of memory");
-    for (int i = 0; i < gpus && !rc; i++) devs[i] = i;
-    if (!rc && ncclCommInitAll(comms, gpus, devs) != ncclSuccess) rc = cli_fail("run: ncclCommInitAll failed");
+    for (int i = 0; i < gpus && !rc; i++)
+        devs[i] = i;
+    if (!rc && ncclCommInitAll(comms, gpus, devs) != ncclSuccess)
+        rc = cli_fail("run: ncclCommInitAll failed");
     const int chunk = (T + gpus - 1) / gpus;
     for (int i = 0; i < gpus && !rc; i++) {
         const int t0 = i * chunk < T ? i * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-        jobs[i] = (gpu_job){i, t1 - t0, K, H, comms[i], cfg, ck, prefix, x + (size_t)t0 * H, ids + (size_t)t0 * K,
-                            w + (size_t)t0 * K, pad ? pad + t0 : NULL, y + (size_t)t0 * H, {0}};
-        if (pthread_create(&threads[i], NULL, gpu_main, &jobs[i]) != 0) rc = cli_fail("run: cannot start a thread");
+        jobs[i] = (gpu_job){i,
+                            t1 - t0,
+                            K,
+                            H,
+                            comms[i],
+                            cfg,
+                            ck,
+                            prefix,
+                            x + (size_t)t0 * H,
+                            ids + (size_t)t0 * K,
+                            w + (size_t)t0 * K,
+                            pad ? pad + t0 : NULL,
+                            y + (size_t)t0 * H,
+                            {0}};
+        if (pthread_create(&threads[i], NULL, gpu_main, &jobs[i]) != 0)
+            rc = cli_fail("run: cannot start a thread");
     }
     for (int i = 0; i < gpus && comms && comms[0]; i++) {
         if (threads[i]) pthread_join(threads[i], NULL);
@@ -80,10 +99,11 @@ int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *
     return rc;
 }
 #else
-int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T, int K,
-                 int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y) {
-    (void)gpus, (void)cfg, (void)ck, (void)prefix, (void)T, (void)K, (void)H, (void)x, (void)ids, (void)w, (void)pad,
-        (void)y;
+int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T,
+                 int K, int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad,
+                 uint16_t *y) {
+    (void)gpus, (void)cfg, (void)ck, (void)prefix, (void)T, (void)K, (void)H, (void)x, (void)ids, (void)w,
+        (void)pad, (void)y;
     return cli_fail("run: --gpus needs a build with the NCCL backend (CUDA and NCCL >= 2.28 headers)");
 }
 #endif

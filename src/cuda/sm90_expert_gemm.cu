@@ -195,17 +195,42 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs)
     }
 }
 
+/* Split-K plan for a forward: when the tiles are too few to fill the GPU (decode), K is split. It is a
+ * function of the global token count and the shape only, never of R or of which rank computes it, so
+ * y stays bitwise independent of R and of the number of GPUs. ws_tiles bounds a rank's tiles. */
+struct splitk_plan {
+    int splits, ws_tiles;
+};
+
+__host__ __device__ inline splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
+    const int active = (int)(slots < E ? slots : E);
+    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
+    int sp = (target + blocks - 1) / blocks;
+    sp = sp < nkc / 8 ? sp : nkc / 8;
+    sp = sp < 8 ? sp : 8;
+    if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
+    return {sp, ws_tiles};
+}
+
+/* The group's token count, read from every rank's staged count through the peer table. */
+__device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers) {
+    long t = 0;
+    for (int p = 0; p < sh.R; p++) t += *(const int32_t *)(peers[p] + L.num_tokens);
+    return t * sh.K;
+}
+
 template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
-                                                                       const mm_dev_weights *weights, int splits,
-                                                                       int ws_tiles) {
+                                                                       const mm_dev_weights *weights,
+                                                                       int grid_splits) {
     __shared__ __align__(16) uint16_t Bs[2][BN * LDB];
     __shared__ __align__(16) uint8_t a_ring[NVFP4 ? WARPS * STAGES * GROUPS_PER_WARP * A_SLOT : 16];
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
     __shared__ float col_scale[BN];
 
-    const int r = sh.first_rank + (int)blockIdx.z / splits, split = blockIdx.z % splits, tile = blockIdx.x;
+    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits, tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
@@ -215,6 +240,12 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int ncols = min(BN, count - start), ntiles_n = (ncols + 7) / 8;
     constexpr bool nvfp4 = NVFP4;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    /* The plan from the global token count (the host may launch more splits than it: NCCL ranks do
+     * not know the other ranks' counts; the extra blocks leave here). */
+    const splitk_plan plan = plan_splitk(global_slots(sh, L, peers), sh.E,
+                                         PHASE == PHASE_GATE_UP ? 2 * sh.I / ROWS_PER_BLOCK : sh.H / ROWS_PER_BLOCK, nkc);
+    const int splits = SPLIT ? plan.splits : 1, ws_tiles = plan.ws_tiles;
+    if (split >= splits) return;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits to finish adds the partial
      * sums in split order (deterministic) and runs the epilogue. */
     const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
@@ -305,7 +336,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
         __syncthreads();
     }
 
-    if constexpr (SPLIT) {
+    if (SPLIT && splits > 1) {
         __shared__ int is_last;
         const size_t entry = (size_t)blockIdx.y * ws_tiles + tile; /* < the workspace's entries */
         float *ws = (float *)(mine + L.splitk_ws);
@@ -332,10 +363,10 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
             for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    float sum = 0.0f;
-                    for (int sp = 0; sp < splits; sp++)
-                        sum += __ldcg(ws + (entry * splits + sp) * (GROUPS_PER_WARP * 32 * WARPS * 32) +
-                                      ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid);
+                    const float *part = ws + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid;
+                    const size_t stride = (size_t)GROUPS_PER_WARP * 32 * WARPS * 32;
+                    float sum = __ldcg(part + entry * splits * stride); /* split 0 first: no 0 + (-0) */
+                    for (int sp = 1; sp < splits; sp++) sum += __ldcg(part + (entry * splits + sp) * stride);
                     acc[q][i][j] = sum;
                 }
     }
@@ -412,31 +443,26 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                        const mm_dev_weights *weights, int total_tokens, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
-    /* Split K when the tiles are too few to fill the GPU (decode). The choice depends on the global
-     * token count and the shape only, never on R, so y stays bitwise independent of R. */
+    /* Single process: the host knows the group's token count and plans exactly as the kernels will.
+     * NCCL: it knows only its own count, a lower bound, so it launches the most splits the kernels
+     * may choose and the bound of tiles sized for T_max. */
+    const bool nccl = sh.local_ranks < sh.R;
     const long slots = (long)total_tokens * sh.K;
-    const int active = (int)(slots < sh.E ? slots : sh.E);                        /* tiles, about */
-    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS); /* a bound */
     const int y_gate_up = 2 * sh.I / ROWS_PER_BLOCK, y_down = sh.H / ROWS_PER_BLOCK;
-    auto pick = [&](int y, int nkc) {
-        const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
-        int sp = (target + blocks - 1) / blocks;
-        sp = sp < nkc / 8 ? sp : nkc / 8;
-        sp = sp < 8 ? sp : 8;
-        if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
-        return sp;
-    };
-    const int sp1 = pick(y_gate_up, sh.H / BK), sp2 = pick(y_down, sh.I / BK);
+    const splitk_plan p1 = plan_splitk(slots, sh.E, y_gate_up, sh.H / BK), p2 = plan_splitk(slots, sh.E, y_down, sh.I / BK);
+    /* NCCL: launch the most splits the kernels could choose; the kernels keep what they plan. */
+    const int cap1 = (sh.H / BK) / 8 < 8 ? (sh.H / BK) / 8 : 8, cap2 = (sh.I / BK) / 8 < 8 ? (sh.I / BK) / 8 : 8;
+    const int sp1 = nccl ? (cap1 > 1 ? cap1 : 1) : p1.splits, sp2 = nccl ? (cap2 > 1 ? cap2 : 1) : p2.splits;
     /* A rank has at most ws_tiles tiles: launching max_tiles (sized for T_max) would schedule
      * thousands of blocks that only read the tile count and exit, ~0.2 ms at T = 1. */
-    const int tiles = L.max_tiles < ws_tiles ? L.max_tiles : ws_tiles;
+    const int tiles = nccl || L.max_tiles < p1.ws_tiles ? L.max_tiles : p1.ws_tiles;
     if (tiles <= 0) return MEGAMOE_OK;
     const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \
-        if ((sp) > 1) sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, sp, ws_tiles); \
-        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, 1, ws_tiles);          \
+        if ((sp) > 1) sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, sp);    \
+        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, 1);            \
         MM_CUDA_TRY(cudaGetLastError());                                                                      \
     } while (0)
     if (sh.nvfp4) {

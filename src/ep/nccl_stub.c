@@ -7,7 +7,8 @@
 int mm_nccl_available(void) { return 0; }
 
 megamoe_status mm_nccl_group_init(megamoe_group *g) {
-    mm_set_error(g->error, "this build of megamoe has no NCCL backend (it needs CUDA and NCCL >= 2.28 headers)");
+    mm_set_error(g->error,
+                 "this build of megamoe has no NCCL backend (it needs CUDA and NCCL >= 2.28 headers)");
     return MEGAMOE_ERR_UNSUPPORTED;
 }
 
