@@ -223,6 +223,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         off = align_up(off + (uint64_t)l->max_tiles * 4, A);
         l->tile_start = off;
         off = align_up(off + (uint64_t)l->max_tiles * 4, A);
+        l->x_f16 = off;
+        off = align_up(off + T * H * 2, A);
         l->act = off;
         off = align_up(off + slots * I * 2, A);
         l->error = off;

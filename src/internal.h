@@ -41,6 +41,7 @@ typedef struct mm_buffer_layout {
     uint64_t num_tiles;       /* i32: token tiles of this forward                                   */
     uint64_t tile_expert;     /* [max_tiles] i32 local expert of each token tile                    */
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
+    uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */

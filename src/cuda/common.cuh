@@ -5,6 +5,8 @@
 #ifndef MEGAMOE_CUDA_COMMON_CUH
 #define MEGAMOE_CUDA_COMMON_CUH
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -75,6 +77,32 @@ megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layou
                                    int timeout_ms, cudaStream_t s);
 megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
                                    const float *gamma, const mm_dev_rank_args &a, cudaStream_t s);
+
+/* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane): sign to bit 15,
+ * e1 e0 m to bits 11..9 of each lane. Exact; the 2^-14 returns in the GEMM epilogues. */
+__device__ __forceinline__ uint32_t e2m1x2_to_f16x2_biased(uint32_t byte) {
+    const uint32_t lo = ((byte & 0x8u) << 12) | ((byte & 0x7u) << 9);
+    const uint32_t hi = ((byte & 0x80u) << 24) | ((byte & 0x70u) << 21);
+    return lo | hi;
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
+    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&a), s);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* 8 E2M1 codes (4 bytes) times one E4M3 scale -> 8 f16 of code * 2^-14 * scale (exact, f16
+ * subnormals included), as the activation operand of the gate/up GEMM. */
+__device__ __forceinline__ uint4 decode8_biased(uint32_t codes, uint8_t sf) {
+    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)sf, __NV_E4M3);
+    const __half2 s2 = __low2half2(*reinterpret_cast<const __half2 *>(&sr));
+    uint4 v;
+    v.x = hmul2_bits(e2m1x2_to_f16x2_biased(codes & 0xFFu), s2);
+    v.y = hmul2_bits(e2m1x2_to_f16x2_biased((codes >> 8) & 0xFFu), s2);
+    v.z = hmul2_bits(e2m1x2_to_f16x2_biased((codes >> 16) & 0xFFu), s2);
+    v.w = hmul2_bits(e2m1x2_to_f16x2_biased(codes >> 24), s2);
+    return v;
+}
 
 /* Block-wide reductions over blockDim.x threads (a multiple of 32, at most 1024). */
 __device__ __forceinline__ float mm_warp_sum(float v) {

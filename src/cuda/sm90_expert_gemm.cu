@@ -58,18 +58,6 @@ __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b
     }
 }
 
-/* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane). */
-__device__ __forceinline__ uint32_t e2m1x2_to_f16x2_biased(uint32_t byte) {
-    const uint32_t lo = ((byte & 0x8u) << 12) | ((byte & 0x7u) << 9);
-    const uint32_t hi = ((byte & 0x80u) << 24) | ((byte & 0x70u) << 21);
-    return lo | hi;
-}
-
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
-    __half2 r = __hmul2(*reinterpret_cast<__half2 *>(&a), s);
-    return *reinterpret_cast<uint32_t *>(&r);
-}
-
 /* The raw fragment data of one 16-row group for one K step. */
 template <bool NVFP4>
 struct a_raw {
@@ -159,11 +147,8 @@ __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const m
         const int k = k0 + q * 8;
         if (PHASE == PHASE_DOWN) {
             r.v[i] = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + row) * sh.I + k);
-        } else if (sh.nvfp4) {
-            const uint8_t *b = peers[col_src[row]];
-            const size_t t = (size_t)col_token[row];
-            r.v[i].x = *(const uint32_t *)(b + L.x + t * sh.H / 2 + k / 2);
-            r.v[i].y = (b + L.x_sf)[t * sh.H / 16 + k / 16];
+        } else if (sh.nvfp4) { /* decoded once by the stage kernel (biased f16, exact) */
+            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + L.x_f16) + (size_t)col_token[row] * sh.H + k);
         } else {
             r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + L.x) + (size_t)col_token[row] * sh.H + k);
         }
@@ -180,18 +165,7 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs)
     for (int i = 0; i < 4; i++) {
         const int chunk = threadIdx.x + 128 * i, row = chunk >> 3, q = chunk & 7;
         if (row >= ncols) break;
-        uint4 v = r.v[i];
-        if constexpr (PHASE == PHASE_GATE_UP && NVFP4) {
-            /* 8 codes x one scale -> 8 exact f16 of code * 2^-14 * scale, like the weights */
-            const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v.y & 0xFFu), __NV_E4M3);
-            const __half2 s2 = __low2half2(*reinterpret_cast<const __half2 *>(&sr));
-            const uint32_t c = v.x;
-            v.x = hmul2_bits(e2m1x2_to_f16x2_biased(c & 0xFFu), s2);
-            v.y = hmul2_bits(e2m1x2_to_f16x2_biased((c >> 8) & 0xFFu), s2);
-            v.z = hmul2_bits(e2m1x2_to_f16x2_biased((c >> 16) & 0xFFu), s2);
-            v.w = hmul2_bits(e2m1x2_to_f16x2_biased(c >> 24), s2);
-        }
-        *(uint4 *)(bs + row * LDB + q * 8) = v;
+        *(uint4 *)(bs + row * LDB + q * 8) = r.v[i];
     }
 }
 

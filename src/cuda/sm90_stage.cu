@@ -55,10 +55,15 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     if (threadIdx.x == 0) ((float *)(base + L.x_scale))[t] = s;
     uint8_t *codes = base + L.x + (size_t)t * H / 2;  /* [H/2]  */
     uint8_t *sf = base + L.x_sf + (size_t)t * H / 16; /* [H/16] */
+    uint4 *x16 = (uint4 *)((uint16_t *)(base + L.x_f16) + (size_t)t * H); /* [H] biased f16 */
     for (int b = threadIdx.x; b < H / 16; b += blockDim.x) {
         float block[16];
         for (int i = 0; i < 16; i++) block[i] = mm_bf16_to_f32(x[b * 16 + i]);
         sf[b] = mm_quantize_block16(block, s, codes + b * 8);
+        /* The gate/up GEMM's operand, decoded once here instead of in every block that reads it. */
+        const uint2 cw = *(const uint2 *)(codes + b * 8);
+        x16[2 * b] = decode8_biased(cw.x, sf[b]);
+        x16[2 * b + 1] = decode8_biased(cw.y, sf[b]);
     }
 }
 
