@@ -184,16 +184,16 @@ int cmd_run(int argc, char **argv) {
     cfg.intermediate_size = info.intermediate_size;
     cfg.format = info.format;
     cfg.max_tokens = max_tokens > 0 ? max_tokens : (chunk > 0 ? chunk : 1);
+    x = aligned_copy(&in.x);
+    ids = aligned_copy(&in.ids);
+    w = aligned_copy(&in.weights);
+    pad = in.has_padding ? aligned_copy(&in.padding) : NULL;
+    y = malloc((size_t)in.T * (size_t)in.H * 2 + 2);
+    if (!x || !ids || !w || !y || (in.has_padding && !pad)) {
+        cli_fail("out of memory");
+        goto done;
+    }
     if (gpus > 0) {
-        x = aligned_copy(&in.x);
-        ids = aligned_copy(&in.ids);
-        w = aligned_copy(&in.weights);
-        pad = in.has_padding ? aligned_copy(&in.padding) : NULL;
-        y = malloc((size_t)in.T * (size_t)in.H * 2 + 2);
-        if (!x || !ids || !w || !y || (in.has_padding && !pad)) {
-            cli_fail("out of memory");
-            goto done;
-        }
         if (cli_run_gpus(gpus, &cfg, ck, info.prefix, in.T, in.K, in.H, x, ids, w, pad, y)) goto done;
         goto write;
     }
@@ -202,15 +202,6 @@ int cmd_run(int argc, char **argv) {
     if (st == MEGAMOE_OK) st = megamoe_layer_finalize(L.layer);
     if (st) {
         cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
-        goto done;
-    }
-    x = aligned_copy(&in.x);
-    ids = aligned_copy(&in.ids);
-    w = aligned_copy(&in.weights);
-    pad = in.has_padding ? aligned_copy(&in.padding) : NULL;
-    y = malloc((size_t)in.T * (size_t)in.H * 2 + 2);
-    if (!x || !ids || !w || !y || (in.has_padding && !pad)) {
-        cli_fail("out of memory");
         goto done;
     }
     st = backend == MEGAMOE_BACKEND_CPU
