@@ -126,9 +126,6 @@ struct megamoe_layer {
     char error[MM_ERR_LEN];
 };
 
-/* Bytes of one expert's weights in checkpoint layout, and of all local ranks' experts. */
-uint64_t mm_layer_expert_bytes(const megamoe_layer *layer);
-
 /* Sets the layer's message, prefixed with the layer name; returns status. */
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -110,11 +110,16 @@ static expert_sizes sizes_of(const megamoe_layer_config *c) {
     return s;
 }
 
-uint64_t mm_layer_expert_bytes(const megamoe_layer *layer) {
+static uint64_t expert_bytes(const megamoe_layer *layer) {
     expert_sizes s = sizes_of(&layer->config);
     if (layer->config.format == MEGAMOE_FORMAT_NVFP4)
         return s.w13 + s.w13_sf + s.w2 + s.w2_sf + 6 * sizeof(float);
     return 2 * (s.w13 + s.w2);
+}
+
+/* Checkpoint-layout bytes of all experts of all local ranks. */
+static uint64_t local_weight_bytes(const megamoe_layer *l) {
+    return expert_bytes(l) * (uint64_t)l->experts_per_rank * (uint64_t)l->group->local_ranks;
 }
 
 static void free_rank_weights(mm_rank_weights *w) {
@@ -577,8 +582,7 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
     }
     /* The CPU backend reads the checkpoint layout as its kernel layout: nothing to repack or free,
      * so the peak is the resident size. */
-    l->finalize_peak_bytes =
-        mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank * (uint64_t)l->group->local_ranks;
+    l->finalize_peak_bytes = local_weight_bytes(l);
     l->finalized = 1;
     return MEGAMOE_OK;
 }
@@ -618,8 +622,7 @@ megamoe_status megamoe_layer_check(megamoe_layer *l) {
 megamoe_status megamoe_layer_memory(const megamoe_layer *l, megamoe_memory_info *info) {
     if (!l || !info) return MEGAMOE_ERR_INVALID_ARGUMENT;
     memset(info, 0, sizeof *info);
-    const uint64_t all =
-        mm_layer_expert_bytes(l) * (uint64_t)l->experts_per_rank * (uint64_t)l->group->local_ranks;
+    const uint64_t all = local_weight_bytes(l);
     if (!l->finalized)
         info->checkpoint_bytes = all;
     else if (l->device)

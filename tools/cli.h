@@ -27,6 +27,8 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 int cli_parse_int(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 int cli_parse_u64(const char *s, uint64_t *out);
+/* "cpu" or "cuda" (and "auto" = cuda when a usable GPU is there, else cpu, where allow_auto). */
+int cli_parse_backend(const char *s, int allow_auto, megamoe_backend *out);
 
 /* Seeded random numbers (splitmix64 + Box-Muller). */
 typedef struct cli_rng {

@@ -61,6 +61,18 @@ int cli_parse_u64(const char *s, uint64_t *out) {
     return 1;
 }
 
+int cli_parse_backend(const char *s, int allow_auto, megamoe_backend *out) {
+    if (strcmp(s, "cpu") == 0)
+        *out = MEGAMOE_BACKEND_CPU;
+    else if (strcmp(s, "cuda") == 0)
+        *out = MEGAMOE_BACKEND_CUDA;
+    else if (allow_auto && strcmp(s, "auto") == 0)
+        *out = megamoe_backend_available(MEGAMOE_BACKEND_CUDA) ? MEGAMOE_BACKEND_CUDA : MEGAMOE_BACKEND_CPU;
+    else
+        return 0;
+    return 1;
+}
+
 uint64_t cli_rng_next(cli_rng *r) {
     uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -137,14 +137,7 @@ int cmd_demo(int argc, char **argv) {
         if (!ok) return cli_fail("demo: bad value '%s' (see megamoe demo --help)", optarg);
     }
     megamoe_backend backend;
-    if (strcmp(backend_name, "cpu") == 0)
-        backend = MEGAMOE_BACKEND_CPU;
-    else if (strcmp(backend_name, "cuda") == 0)
-        backend = MEGAMOE_BACKEND_CUDA;
-    else if (strcmp(backend_name, "auto") == 0)
-        backend =
-            megamoe_backend_available(MEGAMOE_BACKEND_CUDA) ? MEGAMOE_BACKEND_CUDA : MEGAMOE_BACKEND_CPU;
-    else
+    if (!cli_parse_backend(backend_name, 1, &backend))
         return cli_fail("demo: --backend must be auto, cpu or cuda");
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail(
@@ -359,14 +352,7 @@ int cmd_bench(int argc, char **argv) {
             else
                 ok = 0;
             break;
-        case 'b':
-            if (strcmp(optarg, "cpu") == 0)
-                backend = MEGAMOE_BACKEND_CPU;
-            else if (strcmp(optarg, "cuda") == 0)
-                backend = MEGAMOE_BACKEND_CUDA;
-            else
-                ok = 0;
-            break;
+        case 'b': ok = cli_parse_backend(optarg, 0, &backend); break;
         case 'h': fputs(k_bench_help, stdout); return 0;
         default: fputs(k_bench_help, stderr); return 2;
         }

@@ -126,14 +126,7 @@ int cmd_run(int argc, char **argv) {
         case 'z': cfg.norm_zero_centered = 1; break;
         case 'g': ok = cli_parse_float(optarg, &cfg.norm_gain_center); break;
         case 'C': ok = cli_parse_float(optarg, &cfg.activation_clamp); break;
-        case 'b':
-            if (strcmp(optarg, "cpu") == 0)
-                backend = MEGAMOE_BACKEND_CPU;
-            else if (strcmp(optarg, "cuda") == 0)
-                backend = MEGAMOE_BACKEND_CUDA;
-            else
-                ok = 0;
-            break;
+        case 'b': ok = cli_parse_backend(optarg, 0, &backend); break;
         case 'h': fputs(k_run_help, stdout); return 0;
         default: fputs(k_run_help, stderr); return 2;
         }
