@@ -213,7 +213,7 @@ static void name_join(char *out, size_t n, const char *prefix, const char *rest)
     snprintf(out, n, "%s%s%s", prefix, prefix[0] ? "." : "", rest);
 }
 
-/* Gate and up rows of expert e as one [2I, H] bf16 matrix (points into the mapping when stacked). */
+/* Gate and up rows of expert e as one [2I, H] bf16 matrix, copied into scratch (aligned, whichever naming). */
 static const uint16_t *expert_w13(megamoe_checkpoint *ck, const qlayer *q, int e, uint16_t *scratch) {
     const int64_t H = q->info.hidden_size, I = q->info.intermediate_size;
     char name[600], rest[96];
