@@ -212,7 +212,7 @@ megamoe_status megamoe_layer_load_norm_weight(megamoe_layer *layer, const megamo
 megamoe_status megamoe_layer_finalize(megamoe_layer *layer);
 
 /* Inputs and output of one rank's forward. Pointers are host memory for the CPU backend and device
- * memory for CUDA/NCCL. */
+ * memory for CUDA/NCCL, where x and y must be 16-byte aligned (as cudaMalloc'd rows are). */
 typedef struct megamoe_forward_args {
     int num_tokens;            /* T, 0..T_max                                   */
     const uint16_t *x;         /* [T, H] bf16 hidden states                     */

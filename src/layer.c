@@ -608,6 +608,11 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
         if (a->num_tokens > 0 && (!a->x || !a->topk_ids || !a->topk_weights || !a->y))
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x, topk_ids, topk_weights and y must not be NULL", rank);
+        /* The device kernels read x and write y 16 bytes at a time (rows are 512-byte multiples). */
+        if (l->group->config.backend != MEGAMOE_BACKEND_CPU && a->num_tokens > 0 &&
+            (((uintptr_t)a->x | (uintptr_t)a->y) & 15u) != 0)
+            return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
+                                 "rank %d: x and y must be 16-byte aligned device pointers", rank);
     }
     if (l->group->config.backend != MEGAMOE_BACKEND_CPU) return mm_cuda_forward(l, args, stream);
     return mm_cpu_forward(l, args);

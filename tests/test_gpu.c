@@ -69,6 +69,9 @@ static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamo
     megamoe_group_config_init(&gc);
     gc.backend = backend;
     gc.num_ranks = R;
+#ifdef MEGAMOE_HAVE_NCCL
+    if (backend == MEGAMOE_BACKEND_NCCL) gc.nccl_comm = g_comm;
+#endif
     megamoe_status st = megamoe_group_create(&gc, g);
     if (st) fail_msg("group: %s", megamoe_group_last_error(*g));
     st = megamoe_layer_create(*g, &m->cfg, l);

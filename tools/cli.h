@@ -77,4 +77,10 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
 int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T, int K,
                  int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y);
 
+/* `bench --gpus N`: a layer of random weights (`load` fills and finalizes it) on N GPUs, one NCCL
+ * rank each, timed at each T per rank; prints a line per T; returns the exit code. */
+typedef int (*cli_bench_loader)(megamoe_layer *layer, const megamoe_layer_config *cfg, uint64_t seed);
+int cli_bench_gpus(int gpus, const megamoe_layer_config *cfg, cli_bench_loader load, uint64_t seed, const int *Ts,
+                   int nT, int iters);
+
 #endif /* MEGAMOE_CLI_H */

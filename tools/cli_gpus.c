@@ -98,6 +98,139 @@ int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *
     free(comms), free(jobs), free(threads), free(devs);
     return rc;
 }
+
+/* ---- bench --gpus ------------------------------------------------------------------------------ */
+
+typedef struct bench_job {
+    int rank, gpus, nT, iters;
+    const int *Ts;
+    uint64_t seed;
+    ncclComm_t comm;
+    const megamoe_layer_config *cfg;
+    cli_bench_loader load;
+    double *ms;          /* [nT] median per forward on this rank */
+    double *remote_frac; /* [nT] share of this rank's slots routed to another rank */
+    char *used;          /* [nT][E] 1 where one of this rank's tokens went to the expert */
+    char error[1024];
+} bench_job;
+
+static void *bench_main(void *arg) {
+    bench_job *j = arg;
+    cudaSetDevice(j->rank);
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.backend = MEGAMOE_BACKEND_NCCL;
+    gc.device = j->rank;
+    gc.nccl_comm = j->comm;
+    cli_layer L = {0};
+    megamoe_layer_config lc = *j->cfg;
+    lc.timeout_ms = 120000; /* the ranks make their random inputs on the host at different speeds */
+    const megamoe_layer_config *c = &lc;
+    const int K = c->top_k, H = c->hidden_size, E = c->num_experts, E_r = E / j->gpus;
+    megamoe_status st = megamoe_group_create(&gc, &L.group);
+    if (st) snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_group_last_error(L.group));
+    if (!st && (st = megamoe_layer_create(L.group, c, &L.layer)) != MEGAMOE_OK)
+        snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_layer_last_error(L.layer));
+    if (!st && j->load(L.layer, c, j->seed)) {
+        snprintf(j->error, sizeof j->error, "GPU %d: loading the random weights failed", j->rank);
+        st = MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    for (int ti = 0; ti < j->nT && !st; ti++) {
+        const int T = j->Ts[ti];
+        const size_t xn = (size_t)T * H;
+        uint16_t *x = malloc(xn * 2 + 2), *y = malloc(xn * 2 + 2);
+        int32_t *ids = malloc((size_t)T * K * 4 + 4);
+        float *w = malloc((size_t)T * K * 4 + 4);
+        char *used = j->used + (size_t)ti * E;
+        cli_rng r = {j->seed + (uint64_t)T * 7919u + (uint64_t)j->rank * 104729u};
+        if (!x || !y || !ids || !w) {
+            snprintf(j->error, sizeof j->error, "GPU %d: out of host memory", j->rank);
+            st = MEGAMOE_ERR_OUT_OF_MEMORY;
+        } else {
+            for (size_t i = 0; i < xn; i++)
+                x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
+            cli_random_routing(&r, T, K, E, ids, w);
+            st = cli_forward_split_device(&L, T, K, H, x, ids, w, NULL, y, j->iters, &j->ms[ti]);
+            if (st)
+                snprintf(j->error, sizeof j->error, "GPU %d: %s: %s", j->rank, megamoe_status_string(st),
+                         megamoe_layer_last_error(L.layer));
+            long remote = 0;
+            for (size_t i = 0; i < (size_t)T * K; i++) {
+                remote += ids[i] / E_r != j->rank;
+                used[ids[i]] = 1;
+            }
+            j->remote_frac[ti] = T > 0 ? (double)remote / ((double)T * K) : 0.0;
+        }
+        free(x), free(y), free(ids), free(w);
+    }
+    cli_layer_destroy(&L);
+    return NULL;
+}
+
+int cli_bench_gpus(int gpus, const megamoe_layer_config *cfg, cli_bench_loader load, uint64_t seed, const int *Ts,
+                   int nT, int iters) {
+    int visible = 0;
+    if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < gpus)
+        return cli_fail("bench: --gpus %d, but %d GPU%s visible", gpus, visible, visible == 1 ? " is" : "s are");
+    if (cfg->num_experts % gpus != 0)
+        return cli_fail("bench: --experts %d is not a multiple of --gpus %d", cfg->num_experts, gpus);
+    ncclComm_t *comms = calloc((size_t)gpus, sizeof *comms);
+    bench_job *jobs = calloc((size_t)gpus, sizeof *jobs);
+    pthread_t *threads = calloc((size_t)gpus, sizeof *threads);
+    int *devs = calloc((size_t)gpus, sizeof *devs), *started = calloc((size_t)gpus, sizeof *started);
+    double *ms = calloc((size_t)gpus * nT * 2, sizeof *ms);
+    char *used = calloc((size_t)gpus * nT * cfg->num_experts, 1);
+    int rc = 0;
+    if (!comms || !jobs || !threads || !devs || !started || !ms || !used) rc = cli_fail("out of memory");
+    for (int i = 0; i < gpus && !rc; i++)
+        devs[i] = i;
+    if (!rc && ncclCommInitAll(comms, gpus, devs) != ncclSuccess) rc = cli_fail("bench: ncclCommInitAll failed");
+    fprintf(stderr, "bench: loading random weights on %d GPUs...\n", gpus);
+    for (int i = 0; i < gpus && !rc; i++) {
+        jobs[i] = (bench_job){i, gpus, nT, iters, Ts, seed, comms[i], cfg, load,
+                              ms + (size_t)i * nT, ms + (size_t)(gpus + i) * nT,
+                              used + (size_t)i * nT * cfg->num_experts, {0}};
+        if (pthread_create(&threads[i], NULL, bench_main, &jobs[i]) != 0) rc = cli_fail("bench: cannot start a thread");
+        else started[i] = 1;
+    }
+    for (int i = 0; i < gpus; i++) {
+        if (started[i]) pthread_join(threads[i], NULL);
+        if (jobs[i].error[0] && !rc) rc = cli_fail("%s", jobs[i].error);
+    }
+    const int H = cfg->hidden_size, I = cfg->intermediate_size, K = cfg->top_k;
+    const int nvfp4 = cfg->format == MEGAMOE_FORMAT_NVFP4;
+    for (int ti = 0; ti < nT && !rc; ti++) {
+        double worst = 0, remote = 0;
+        int touched = 0;
+        for (int e = 0; e < cfg->num_experts; e++) {
+            int any = 0;
+            for (int i = 0; i < gpus; i++)
+                any |= used[((size_t)i * nT + ti) * cfg->num_experts + e];
+            touched += any;
+        }
+        for (int i = 0; i < gpus; i++) {
+            worst = ms[(size_t)i * nT + ti] > worst ? ms[(size_t)i * nT + ti] : worst;
+            remote += ms[(size_t)(gpus + i) * nT + ti] / gpus;
+        }
+        const double sec = worst * 1e-3, slots = (double)Ts[ti] * K * gpus;
+        /* What crosses NVLink at the least: each remote slot's activation row once (NVFP4 codes and
+         * scales, or bf16) and its fp32 expert output p once. */
+        const double xbytes = nvfp4 ? H * (0.5 + 1.0 / 16) : H * 2.0;
+        const double link = slots * remote * (xbytes + 4.0 * H);
+        const double expert_bytes = nvfp4 ? 3.0 * H * I * (0.5 + 1.0 / 16) : 3.0 * H * I * 2;
+        printf("bench: EP=%d E=%d K=%d H=%d I=%d T/rank=%d %s backend=nccl: %.4f ms per layer (slowest rank's "
+               "median over %d), %.1f TFLOP/s, %.0f GB/s of touched expert weights (%d experts, all GPUs), "
+               "%.0f%% of slots remote, exchange %.1f GB/s (%.1f MB)\n",
+               gpus, cfg->num_experts, K, H, I, Ts[ti], nvfp4 ? "nvfp4" : "bf16", worst, iters,
+               6.0 * H * I * slots / sec / 1e12, expert_bytes * touched / sec / 1e9, touched, remote * 100,
+               link / sec / 1e9, link / 1e6);
+        fflush(stdout);
+    }
+    for (int i = 0; i < gpus && comms; i++)
+        if (comms[i]) ncclCommDestroy(comms[i]);
+    free(comms), free(jobs), free(threads), free(devs), free(started), free(ms), free(used);
+    return rc;
+}
 #else
 int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T,
                  int K, int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad,
@@ -105,5 +238,10 @@ int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *
     (void)gpus, (void)cfg, (void)ck, (void)prefix, (void)T, (void)K, (void)H, (void)x, (void)ids, (void)w,
         (void)pad, (void)y;
     return cli_fail("run: --gpus needs a build with the NCCL backend (CUDA and NCCL >= 2.28 headers)");
+}
+int cli_bench_gpus(int gpus, const megamoe_layer_config *cfg, cli_bench_loader load, uint64_t seed, const int *Ts,
+                   int nT, int iters) {
+    (void)gpus, (void)cfg, (void)load, (void)seed, (void)Ts, (void)nT, (void)iters;
+    return cli_fail("bench: --gpus needs a build with the NCCL backend (CUDA and NCCL >= 2.28 headers)");
 }
 #endif

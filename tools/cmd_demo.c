@@ -238,12 +238,16 @@ int cmd_demo(int argc, char **argv) {
 static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
-    "                     [--iters N] [--seed S]\n"
+    "                     [--iters N] [--seed S] [--gpus N]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
     "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
     "T the median time per forward (CUDA events on the GPU), the arithmetic rate 6*H*I*T*K/time,\n"
-    "and the bytes of the experts touched per second.\n";
+    "and the bytes of the experts touched per second.\n"
+    "\n"
+    "  --gpus N   expert parallelism over N GPUs of this machine, one NCCL rank each: E/N experts\n"
+    "             per GPU, and each T is the tokens of every rank (the group runs N*T). Prints the\n"
+    "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n";
 
 /* Fills n bytes fast from a seed (xorshift64*, 8 bytes a step). */
 static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
@@ -317,9 +321,10 @@ int cmd_bench(int argc, char **argv) {
                                          {"threads", required_argument, 0, 't'},
                                          {"iters", required_argument, 0, 'n'},
                                          {"seed", required_argument, 0, 's'},
+                                         {"gpus", required_argument, 0, 'G'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1;
+    int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0;
     int Ts[32] = {256};
     uint64_t seed = 1;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
@@ -343,6 +348,7 @@ int cmd_bench(int argc, char **argv) {
         case 'R': ok = cli_parse_int(optarg, &R); break;
         case 't': ok = cli_parse_int(optarg, &threads); break;
         case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
+        case 'G': ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;
         case 'f':
             if (strcmp(optarg, "nvfp4") == 0)
@@ -369,6 +375,10 @@ int cmd_bench(int argc, char **argv) {
     cfg.name = "bench";
     cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
     cfg.max_tokens = R > 0 ? (T_max + R - 1) / R : 1;
+    if (gpus > 0) {
+        cfg.max_tokens = T_max;
+        return cli_bench_gpus(gpus, &cfg, bench_load, seed, Ts, nT, iters);
+    }
     cli_layer L;
     int rc = cli_layer_create(backend, R, threads, &cfg, &L);
     if (!rc) rc = bench_load(L.layer, &cfg, seed);

@@ -103,9 +103,17 @@ __device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t 
 }
 
 /* NVFP4 weights travel through a per-warp ring of STAGES shared-memory slots filled by cp.async: the
- * copies in flight hold no registers, so more of them fit (HBM needs ~33 KB in flight per SM). */
-#define STAGES 4
+ * copies in flight hold no registers, so more of them fit. Eight stages keep ~97 KB in flight per SM
+ * at 3 blocks per SM (four kept 41 KB, and the weight stream of decode ran at half the copy rate). */
+#define STAGES 8
 #define A_SLOT 576 /* one 16-row group's K step: 32 lanes x 16 B codes + 8 x 8 B scales */
+#define RING_BYTES (WARPS * STAGES * GROUPS_PER_WARP * A_SLOT) /* dynamic shared memory, NVFP4 */
+/* Few tokens in a tile (decode): the activations of KCH_FEW K steps are staged at once, so the block
+ * meets at a barrier once per KCH_FEW steps instead of every step (a barrier per step made every warp
+ * wait for the slowest weight copy of the four). 16 rows x (4 x 64 + 8) fits the buffer of 64 x LDB. */
+#define FEW_COLS 16
+#define KCH_FEW 4
+static_assert(FEW_COLS * (KCH_FEW * BK + 8) <= BN * LDB, "chunked activations fit the staging buffer");
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
@@ -131,20 +139,22 @@ __device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, con
     cp_async_commit(); /* an empty group past the end keeps the wait count uniform */
 }
 
-/* Raw activation data of this thread's part of a K step: 4 rows x 8 values (row = tid/2 + 32i...). */
+/* Raw activation data of this thread's part of a staged chunk: 4 pieces of 8 values. */
 struct b_raw {
     uint4 v[4];
 };
 
+/* A chunk is 64 rows x 64 values (kch = 1) or 16 rows x 256 values (kch = 4): 512 pieces of 8 either
+ * way, 4 per thread (piece = tid + 128 * i); row = piece >> shift with shift = log2(8 * kch). */
 template <int PHASE>
 __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                        uint8_t *const *peers, const uint8_t *mine, const int *col_src,
-                                       const int *col_token, int first, int ncols, int k0) {
-    /* 64 rows x 64 values = 512 chunks of 8; 128 threads take 4 each: chunk = tid + 128 * i. */
+                                       const int *col_token, int first, int ncols, int k0, int k_end, int shift) {
     for (int i = 0; i < 4; i++) {
-        const int chunk = threadIdx.x + 128 * i, row = chunk >> 3, q = chunk & 7;
+        const int chunk = threadIdx.x + 128 * i, row = chunk >> shift, q = chunk & ((1 << shift) - 1);
         if (row >= ncols) break; /* rows grow with i: the rest are past ncols too */
         const int k = k0 + q * 8;
+        if (k >= k_end) continue; /* the last chunk of a split may be short */
         if (PHASE == PHASE_DOWN) {
             r.v[i] = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + row) * sh.I + k);
         } else if (sh.nvfp4) { /* decoded once by the stage kernel (biased f16, exact) */
@@ -159,13 +169,13 @@ __device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_usho
 
 /* Rows past ncols are neither loaded nor stored: an MMA column never mixes with another, and the
  * epilogue drops every column >= ncols (the rows are zeroed once so no stale value is read). */
-template <int PHASE, bool NVFP4>
-__device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs) {
+__device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs, int ldb, int shift, int k_left) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int chunk = threadIdx.x + 128 * i, row = chunk >> 3, q = chunk & 7;
+        const int chunk = threadIdx.x + 128 * i, row = chunk >> shift, q = chunk & ((1 << shift) - 1);
         if (row >= ncols) break;
-        *(uint4 *)(bs + row * LDB + q * 8) = r.v[i];
+        if (q * 8 >= k_left) continue;
+        *(uint4 *)(bs + row * ldb + q * 8) = r.v[i];
     }
 }
 
@@ -199,8 +209,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights,
                                                                        int grid_splits) {
-    __shared__ __align__(16) uint16_t Bs[2][BN * LDB];
-    __shared__ __align__(16) uint8_t a_ring[NVFP4 ? WARPS * STAGES * GROUPS_PER_WARP * A_SLOT : 16];
+    __shared__ __align__(16) uint16_t Bs[2 * BN * LDB];
+    extern __shared__ __align__(16) uint8_t a_ring[]; /* RING_BYTES for NVFP4, none for BF16 */
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
     __shared__ float col_scale[BN];
 
@@ -227,7 +237,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const mm_dev_weights W = weights[r - sh.first_rank]; /* the table holds the local ranks */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
-    for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)&Bs[0][0])[i] = make_uint4(0, 0, 0, 0);
+    for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)Bs)[i] = make_uint4(0, 0, 0, 0);
     if (tid < BN) {
         const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
         col_code[tid] = code;
@@ -254,59 +264,64 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[q][i][j] = 0.0f;
 
-    /* BF16 weights are prefetched one K step ahead in registers; NVFP4 through the cp.async ring. */
-    constexpr int DEPTH = 1;
-    a_raw<nvfp4> ar[DEPTH][GROUPS_PER_WARP];
+    /* BF16 weights are prefetched one K step ahead in registers; NVFP4 through the cp.async ring.
+     * Activations are staged a chunk of kch K steps at a time, double-buffered. */
+    a_raw<nvfp4> nxt[GROUPS_PER_WARP];
     b_raw br;
     uint8_t *ring = a_ring + warp * STAGES * GROUPS_PER_WARP * A_SLOT;
+    const int kch = ncols <= FEW_COLS ? KCH_FEW : 1, shift = kch == 1 ? 3 : 5, ldb = kch * BK + 8;
     if constexpr (nvfp4) {
 #pragma unroll
         for (int st = 0; st < STAGES - 1; st++) issue_a(ring, codes, sfs, group0, kc0 + st, kc1, nkc, lane, GROUPS_PER_WARP);
     } else {
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
+        for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
     }
-    load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, kc0 * BK);
-    store_b<PHASE, nvfp4>(br, ncols, Bs[0]);
+    load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, kc0 * BK, kc1 * BK, shift);
+    store_b(br, ncols, Bs, ldb, shift, (kc1 - kc0) * BK);
     __syncthreads();
 
-    for (int kc = kc0; kc < kc1; kc++) {
-        const int buf = (kc - kc0) & 1;
-        a_raw<nvfp4> cur[GROUPS_PER_WARP];
-        if constexpr (nvfp4) {
-            __syncwarp(); /* every lane is done with the slot the next copies overwrite */
-            issue_a(ring, codes, sfs, group0, kc + STAGES - 1, kc1, nkc, lane, GROUPS_PER_WARP);
-            cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
-            __syncwarp();                 /* and so have the other lanes' */
+    int buf = 0;
+    for (int kb = kc0; kb < kc1; kb += kch, buf ^= 1) {
+        const int kb_end = min(kb + kch, kc1);
+        if (kb_end < kc1)
+            load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, kb_end * BK, kc1 * BK, shift);
+        for (int kc = kb; kc < kb_end; kc++) {
+            a_raw<nvfp4> cur[GROUPS_PER_WARP];
+            if constexpr (nvfp4) {
+                __syncwarp(); /* every lane is done with the slot the next copies overwrite */
+                issue_a(ring, codes, sfs, group0, kc + STAGES - 1, kc1, nkc, lane, GROUPS_PER_WARP);
+                cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
+                __syncwarp();                 /* and so have the other lanes' */
 #pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                const uint8_t *slot = ring + ((kc & (STAGES - 1)) * GROUPS_PER_WARP + q) * A_SLOT;
-                cur[q].w[0] = *(const uint4 *)(slot + lane * 16);
-                cur[q].sf = *(const uint2 *)(slot + 512 + g * 8);
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    const uint8_t *slot = ring + ((kc & (STAGES - 1)) * GROUPS_PER_WARP + q) * A_SLOT;
+                    cur[q].w[0] = *(const uint4 *)(slot + lane * 16);
+                    cur[q].sf = *(const uint2 *)(slot + 512 + g * 8);
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) cur[q] = nxt[q];
+                if (kc + 1 < kc1)
+#pragma unroll
+                    for (int q = 0; q < GROUPS_PER_WARP; q++)
+                        load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
             }
-        } else {
+            const uint16_t *bs = Bs + buf * (BN * LDB) + (kc - kb) * BK;
 #pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) cur[q] = ar[0][q];
-            if (kc + 1 < kc1)
+            for (int s = 0; s < BK / 16; s++) {
+                uint32_t a[GROUPS_PER_WARP][4];
+                for (int q = 0; q < GROUPS_PER_WARP; q++) decode_a<nvfp4>(cur[q], s, a[q]);
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-                    load_a<nvfp4>(ar[0][q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
-        }
-        if (kc + 1 < kc1) load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, (kc + 1) * BK);
-        const uint16_t *bs = Bs[buf];
-#pragma unroll
-        for (int s = 0; s < BK / 16; s++) {
-            uint32_t a[GROUPS_PER_WARP][4];
-            for (int q = 0; q < GROUPS_PER_WARP; q++) decode_a<nvfp4>(cur[q], s, a[q]);
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                if (nt >= ntiles_n) break;
-                const uint16_t *brow = bs + (nt * 8 + g) * LDB + 16 * s + 2 * c;
-                const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
-                for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(acc[q][nt], a[q], b0, b1, !nvfp4);
+                for (int nt = 0; nt < 8; nt++) {
+                    if (nt >= ntiles_n) break;
+                    const uint16_t *brow = bs + (nt * 8 + g) * ldb + 16 * s + 2 * c;
+                    const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(acc[q][nt], a[q], b0, b1, !nvfp4);
+                }
             }
         }
-        if (kc + 1 < kc1) store_b<PHASE, nvfp4>(br, ncols, Bs[buf ^ 1]);
+        if (kb_end < kc1) store_b(br, ncols, Bs + (buf ^ 1) * (BN * LDB), ldb, shift, (kc1 - kb_end) * BK);
         __syncthreads();
     }
 
@@ -315,12 +330,15 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
         const size_t entry = (size_t)blockIdx.y * ws_tiles + tile; /* < the workspace's entries */
         float *ws = (float *)(mine + L.splitk_ws);
         float *mine_part = ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WARPS * 32);
+        /* Only the n-tiles that hold tokens travel (a decode tile has one of eight). */
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
             for (int i = 0; i < 8; i++)
+                if (i < ntiles_n)
 #pragma unroll
-                for (int j = 0; j < 4; j++) __stcg(mine_part + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid, acc[q][i][j]);
+                    for (int j = 0; j < 4; j++)
+                        __stcg(mine_part + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid, acc[q][i][j]);
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -335,6 +353,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
         for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
             for (int i = 0; i < 8; i++)
+                if (i < ntiles_n)
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const float *part = ws + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid;
@@ -435,8 +454,9 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \
-        if ((sp) > 1) sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, sp);    \
-        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, 0, s>>>(sh, L, peers, weights, 1);            \
+        const int ring_ = (NV) ? RING_BYTES : 0;                                                              \
+        if ((sp) > 1) sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, sp); \
+        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, 1);         \
         MM_CUDA_TRY(cudaGetLastError());                                                                      \
     } while (0)
     if (sh.nvfp4) {
@@ -449,4 +469,26 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
 #undef MM_LAUNCH
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
+}
+
+/* The NVFP4 kernels take more than 48 KB of shared memory (the weight ring is dynamic): the opt-in is
+ * per function and device, so the layer's finalize calls this on its device, outside any capture. */
+template <int PHASE, bool NVFP4, bool SPLIT>
+static megamoe_status prepare_one() {
+    const void *f = (const void *)sm90_expert_gemm_kernel<PHASE, NVFP4, SPLIT>;
+    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, NVFP4 ? RING_BYTES : 0));
+    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    return MEGAMOE_OK;
+}
+
+megamoe_status sm90_expert_gemm_prepare() {
+    megamoe_status st = prepare_one<PHASE_GATE_UP, true, false>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, true>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, false>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, true>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, false, false>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, false, true>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, false, false>();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, false, true>();
+    return st;
 }

@@ -2,7 +2,7 @@
  * sm90_stage.cu -- a rank's tokens into its buffer: ids and weights, token state, and the NVFP4
  * activation quantization of SPEC §3 (bit-identical to the CPU: the same formats.h code), or a copy
  * of x for BF16. Bad expert ids are counted and the first (rank, token, slot) kept.
- * One block per token.
+ * One block per token, a thread per 16-value block.
  */
 #include "common.cuh"
 
@@ -31,13 +31,22 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
         if (threadIdx.x == 0) state[t] = MM_TOKEN_PADDING;
         return;
     }
+    /* Each thread owns whole 16-value blocks, read as two 16-byte loads: one pass issues every load
+     * of the token at once (a strided scalar pass waited for memory ~28 times in a row). */
     const uint16_t *x = a.x + (size_t)t * H; /* [H] bf16 */
+    const int nblocks = H / 16;
     int finite = 1;
     float amax = 0.0f;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-        const float v = mm_bf16_to_f32(x[h]);
-        finite &= mm_isfinite(v);
-        amax = fmaxf(amax, mm_fabs(v)); /* exact; finite tokens only use it */
+    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
+        const uint4 *src = (const uint4 *)(x + b * 16);
+        const uint4 v0 = src[0], v1 = src[1];
+        const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float lo = mm_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)), hi = mm_bf16_to_f32((uint16_t)(w[i] >> 16));
+            finite &= mm_isfinite(lo) & mm_isfinite(hi);
+            amax = fmaxf(amax, fmaxf(mm_fabs(lo), mm_fabs(hi))); /* exact; finite tokens only use it */
+        }
     }
     finite = __syncthreads_and(finite);
     amax = mm_block_max(amax, scratch);
@@ -47,8 +56,8 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     }
     if (threadIdx.x == 0) state[t] = MM_TOKEN_LIVE;
     if (!sh.nvfp4) {
-        uint16_t *dst = (uint16_t *)(base + L.x) + (size_t)t * H;
-        for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = x[h];
+        uint4 *dst = (uint4 *)((uint16_t *)(base + L.x) + (size_t)t * H);
+        for (int i = threadIdx.x; i < H / 8; i += blockDim.x) dst[i] = ((const uint4 *)x)[i];
         return;
     }
     const float s = mm_activation_scale(amax);
@@ -56,21 +65,32 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     uint8_t *codes = base + L.x + (size_t)t * H / 2;  /* [H/2]  */
     uint8_t *sf = base + L.x_sf + (size_t)t * H / 16; /* [H/16] */
     uint4 *x16 = (uint4 *)((uint16_t *)(base + L.x_f16) + (size_t)t * H); /* [H] biased f16 */
-    for (int b = threadIdx.x; b < H / 16; b += blockDim.x) {
+    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
+        const uint4 *src = (const uint4 *)(x + b * 16); /* in L1 from the first pass */
+        const uint4 v0 = src[0], v1 = src[1];
+        const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         float block[16];
-        for (int i = 0; i < 16; i++) block[i] = mm_bf16_to_f32(x[b * 16 + i]);
-        sf[b] = mm_quantize_block16(block, s, codes + b * 8);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            block[2 * i] = mm_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu));
+            block[2 * i + 1] = mm_bf16_to_f32((uint16_t)(w[i] >> 16));
+        }
+        uint2 cw;
+        const uint8_t bsf = mm_quantize_block16(block, s, (uint8_t *)&cw);
+        sf[b] = bsf;
+        ((uint2 *)codes)[b] = cw;
         /* The gate/up GEMM's operand, decoded once here instead of in every block that reads it. */
-        const uint2 cw = *(const uint2 *)(codes + b * 8);
-        x16[2 * b] = decode8_biased(cw.x, sf[b]);
-        x16[2 * b + 1] = decode8_biased(cw.y, sf[b]);
+        x16[2 * b] = decode8_biased(cw.x, bsf);
+        x16[2 * b + 1] = decode8_biased(cw.y, bsf);
     }
 }
 
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base, uint8_t *err_base,
                                  int rank, const mm_dev_rank_args &a, cudaStream_t s) {
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
-    sm90_stage_kernel<<<blocks, 256, 0, s>>>(sh, L, base, err_base, rank, a);
+    /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
+    const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
+    sm90_stage_kernel<<<blocks, threads, 0, s>>>(sh, L, base, err_base, rank, a);
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
