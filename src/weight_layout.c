@@ -15,7 +15,7 @@
                             const int g = lane >> 2, c = lane & 3;                                           \
                             const int64_t row = mm_layout_row(q, g + 8 * (j & 1), gate_up, rows / 2);        \
                             const int64_t k = MM_FRAG_K * kc + 16 * s + 2 * c + 8 * (j >> 1) + e;            \
-                            const int64_t frag = (q * (K / MM_FRAG_K) + kc) * 32 + lane;                     \
+                            const int64_t frag = mm_layout_unit(q, kc, K / MM_FRAG_K) * 32 + lane;           \
                             BODY                                                                             \
                         }
 
@@ -48,7 +48,7 @@ static int64_t kernel_byte(int64_t frag, int s, int j, int e) { return frag * 16
                     for (int h = 0; h < 2; h++) {                                                            \
                         const int64_t row = mm_layout_row(q, g + 8 * h, gate_up, rows / 2);                  \
                         const int64_t src = row * (K / 16) + 4 * kc + s;                                     \
-                        const int64_t dst = ((q * (K / MM_FRAG_K) + kc) * 8 + g) * 8 + 2 * s + h;            \
+                        const int64_t dst = (mm_layout_unit(q, kc, K / MM_FRAG_K) * 8 + g) * 8 + 2 * s + h;  \
                         BODY                                                                                 \
                     }
 

@@ -17,6 +17,10 @@
  * 4 * step + s; the 4 lanes of a quad read the same 8 bytes.
  * Gate/up (w13, 2I rows) are interleaved by 8: group q holds gate rows 8q..8q+7 then up rows
  * 8q..8q+7, so a thread's accumulator rows g and g+8 are the gate and up of one intermediate index.
+ * Order in memory: units of (group, step) by mm_layout_unit: slabs of 8 groups (the 128 rows of one
+ * GEMM block), a slab's steps in order, and within a step its 8 groups side by side, so each K step
+ * of a block reads one contiguous run (4 KB of codes and 512 B of scales for NVFP4) instead of 8
+ * runs of 512 B; the many small runs cost DRAM row switches when every SM streams its own rows.
  */
 #ifndef MEGAMOE_WEIGHT_LAYOUT_H
 #define MEGAMOE_WEIGHT_LAYOUT_H
@@ -25,10 +29,20 @@
 #include <stdint.h>
 
 #define MM_FRAG_K 64
+#define MM_SLAB_GROUPS 8 /* rows % 128 == 0 (H and I are multiples of 256) */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Index of the (group q, K step kc) unit among the matrix's units (nkc = K / 64 steps per group):
+ * 32 fragments, 512 bytes of codes and 64 of scales (NVFP4), or 2 KB of bf16. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int64_t mm_layout_unit(int64_t q, int64_t kc, int64_t nkc) {
+    return ((q / MM_SLAB_GROUPS) * nkc + kc) * MM_SLAB_GROUPS + q % MM_SLAB_GROUPS;
+}
 
 /* Checkpoint row of row r (0..15) of group q: interleaved gate/up (rows = 2I) or plain. */
 static inline int64_t mm_layout_row(int64_t q, int r, int gate_up, int64_t I) {

@@ -122,14 +122,16 @@ static void test_block_quantizer(void **state) {
  * the fragment positions are the ones the header documents. */
 static void test_weight_layout_round_trip(void **state) {
     (void)state;
-    const int64_t rows = 64, K = 192; /* 4 groups, 3 K steps; as gate/up: I = 32 */
-    uint8_t codes[64 * 96], sf[64 * 12], pc[64 * 96], ps[64 * 12], uc[64 * 96], us[64 * 12];
-    uint16_t w[64 * 192], pw[64 * 192], uw[64 * 192];
-    for (int i = 0; i < 64 * 96; i++)
+    enum { ROWS = 256, KD = 192 }; /* 16 groups in 2 slabs, 3 K steps; as gate/up: I = 128 */
+    const int64_t rows = ROWS, K = KD;
+    static uint8_t codes[ROWS * KD / 2], sf[ROWS * KD / 16], pc[ROWS * KD / 2], ps[ROWS * KD / 16],
+        uc[ROWS * KD / 2], us[ROWS * KD / 16];
+    static uint16_t w[ROWS * KD], pw[ROWS * KD], uw[ROWS * KD];
+    for (int i = 0; i < ROWS * KD / 2; i++)
         codes[i] = (uint8_t)(i * 37 + 11);
-    for (int i = 0; i < 64 * 12; i++)
+    for (int i = 0; i < ROWS * KD / 16; i++)
         sf[i] = (uint8_t)(i * 13 + 5);
-    for (int i = 0; i < 64 * 192; i++)
+    for (int i = 0; i < ROWS * KD; i++)
         w[i] = (uint16_t)(i * 7919);
     for (int gate_up = 0; gate_up < 2; gate_up++) {
         mm_layout_pack_nvfp4(codes, sf, rows, K, gate_up, pc, ps);
@@ -140,11 +142,15 @@ static void test_weight_layout_round_trip(void **state) {
         mm_layout_unpack_bf16(pw, rows, K, gate_up, uw);
         assert_memory_equal(w, uw, sizeof w);
     }
-    /* Spot check (gate_up = 1, still packed from the last pass): group 1, step 2, lane 13 (g = 3,
-     * c = 1), k16 step 3, register 1 (row g + 8 = up row 8 + 3 = 32 + 11, k = 128 + 48 + 2): */
-    const int64_t row = 32 + 11, k = 128 + 48 + 2;
-    assert_int_equal(pw[((1 * 3 + 2) * 32 + 13) * 32 + 8 * 3 + 2 * 1 + 0], w[row * K + k]);
-    assert_int_equal(pw[((1 * 3 + 2) * 32 + 13) * 32 + 8 * 3 + 2 * 1 + 1], w[row * K + k + 1]);
+    /* Spot check (gate_up = 1, still packed from the last pass): group 9 (slab 1, place 1), step 2,
+     * lane 13 (g = 3, c = 1), k16 step 3, register 1: row g + 8 = up row 8 * 9 + 3 of I = 128, so
+     * checkpoint row 128 + 75, k = 128 + 48 + 2; unit (1 * 3 + 2) * 8 + 1 = 41. */
+    const int64_t row = 128 + 75, k = 128 + 48 + 2, unit = 41;
+    assert_int_equal(mm_layout_unit(9, 2, 3), unit);
+    assert_int_equal(pw[(unit * 32 + 13) * 32 + 8 * 3 + 2 * 1 + 0], w[row * K + k]);
+    assert_int_equal(pw[(unit * 32 + 13) * 32 + 8 * 3 + 2 * 1 + 1], w[row * K + k + 1]);
+    /* Its scale: byte 2s + h = 7 (row g + 8) of g = 3 in the unit's 64 = checkpoint block 4 * 2 + 3. */
+    assert_int_equal(ps[(unit * 8 + 3) * 8 + 7], sf[row * (K / 16) + 4 * 2 + 3]);
 }
 
 int main(void) {

@@ -68,10 +68,10 @@ struct a_raw {
 template <bool nvfp4>
 __device__ __forceinline__ void load_a(a_raw<nvfp4> &r, const uint8_t *codes, const uint8_t *sf,
                                        const uint16_t *bf16, size_t group, int kc, int nkc, int lane) {
-    const size_t frag = (group * nkc + kc) * 32 + lane;
+    const size_t unit = (size_t)mm_layout_unit((int64_t)group, kc, nkc), frag = unit * 32 + lane;
     if constexpr (nvfp4) {
         r.w[0] = __ldg((const uint4 *)codes + frag);
-        r.sf = __ldg((const uint2 *)sf + (group * nkc + kc) * 8 + (lane >> 2));
+        r.sf = __ldg((const uint2 *)sf + unit * 8 + (lane >> 2));
     } else {
         const uint4 *p = (const uint4 *)(bf16 + frag * 32);
         for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + i);
@@ -131,7 +131,7 @@ __device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, con
     if (kc < kc_end) {
         for (int q = 0; q < groups; q++) {
             uint8_t *slot = ring + ((kc & (STAGES - 1)) * groups + q) * A_SLOT;
-            const size_t step = (group0 + q) * nkc + kc;
+            const size_t step = (size_t)mm_layout_unit((int64_t)(group0 + q), kc, nkc);
             cp_async16(slot + lane * 16, codes + step * 512 + lane * 16);
             if (lane < 8) cp_async8(slot + 512 + lane * 8, sf + step * 64 + lane * 8);
         }
