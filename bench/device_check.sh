@@ -13,18 +13,22 @@ what=${*:-all}
 has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 if has tests; then
-  echo "== GPU tests"; $B/test_gpu 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^\[ +(RUN|OK) "
+  # Once with the kernels chosen per forward, then with each GEMM kernel forced on every case.
+  for gemm in auto mma wgmma; do
+    echo "== GPU tests (MEGAMOE_GEMM=$gemm)"
+    MEGAMOE_GEMM=$gemm $B/test_gpu 2>&1 | tee "$OUT/test_gpu_$gemm.log" | grep -E "PASSED|FAILED|ERROR|rror"
+  done
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool"
+  for tool in memcheck racecheck; do for gemm in auto wgmma; do
     # NCCL probes its kernel images at communicator creation and gets cudaErrorNoKernelImageForDevice
     # back by design; those API errors are not ours (every call of ours is checked), so only memory
     # and race reports count.
-    compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 $B/test_gpu --quick \
-        > "$OUT/sanitize_$tool.log" 2>&1
-    echo "exit $?"; tail -n 4 "$OUT/sanitize_$tool.log"
-  done
+    echo "== compute-sanitizer $tool (MEGAMOE_GEMM=$gemm)"
+    MEGAMOE_GEMM=$gemm compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
+        $B/test_gpu --quick > "$OUT/sanitize_${tool}_$gemm.log" 2>&1
+    echo "exit $?"; tail -n 1 "$OUT/sanitize_${tool}_$gemm.log"
+  done; done
 fi
 if has multi; then
   echo "== multi-GPU tests"; MEGAMOE_CLI=$B/megamoe python3 -m pytest -q -p no:cacheprovider -rs tests/py/test_multi_gpu.py 2>&1 | tee "$OUT/multi_gpu.log" | tail -5

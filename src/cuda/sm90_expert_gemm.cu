@@ -14,35 +14,14 @@
  * Activations are staged per 64-wide K chunk in shared memory (double-buffered) as exact f16
  * code * scale (NVFP4) or bf16.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
-#include "common.cuh"
-#include "weight_layout.h"
+#include "sm90_gemm_common.cuh"
 
 #define WARPS 4
 #define BN MM_TILE_TOKENS       /* tokens per tile */
-#define BK MM_FRAG_K            /* K per step: 64 */
 #define LDB (BK + 8)            /* 16-bit elements per staged activation row (conflict-free) */
-#define GROUPS_PER_WARP 2       /* 16-row groups per warp: 32 rows, one NVFP4 block of gate/up  */
 #define ROWS_PER_BLOCK (WARPS * GROUPS_PER_WARP * 16)
 
-enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 static_assert(BN == 64 && BK == 64, "tile shape");
-
-struct slot_info {
-    int src, token, slot;
-};
-
-__device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int code) {
-    slot_info s;
-    s.src = code / (sh.T_max * sh.K);
-    const int rem = code - s.src * sh.T_max * sh.K;
-    s.token = rem / sh.K;
-    s.slot = rem - s.token * sh.K;
-    return s;
-}
 
 __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1, bool bf16) {
     if (bf16) {
@@ -58,55 +37,13 @@ __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b
     }
 }
 
-/* The raw fragment data of one 16-row group for one K step. */
-template <bool NVFP4>
-struct a_raw {
-    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: 64 bytes */
-    uint2 sf;               /* NVFP4: scales, bytes 2s / 2s+1 = rows g / g+8 of k16 step s */
-};
-
-template <bool nvfp4>
-__device__ __forceinline__ void load_a(a_raw<nvfp4> &r, const uint8_t *codes, const uint8_t *sf,
-                                       const uint16_t *bf16, size_t group, int kc, int nkc, int lane) {
-    const size_t unit = (size_t)mm_layout_unit((int64_t)group, kc, nkc), frag = unit * 32 + lane;
-    if constexpr (nvfp4) {
-        r.w[0] = __ldg((const uint4 *)codes + frag);
-        r.sf = __ldg((const uint2 *)sf + unit * 8 + (lane >> 2));
-    } else {
-        const uint4 *p = (const uint4 *)(bf16 + frag * 32);
-        for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + i);
-    }
-}
-
-/* The A registers of k16 step s from the raw data. */
-template <bool nvfp4>
-__device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t *a) {
-    if constexpr (!nvfp4) {
-        const uint32_t *w = (const uint32_t *)&r.w[s];
-        for (int j = 0; j < 4; j++) a[j] = w[j];
-        return;
-    } else {
-    /* weight_layout.h: A-form bits are f16 high bytes (code * 2^-14); B form becomes A form with two
-     * shifts and two logic ops; one PRMT per register places two codes under zero low bytes. */
-    const uint32_t word = ((const uint32_t *)&r.w[0])[s];
-    const uint32_t a_form = word & 0x8E8E8E8Eu;
-    const uint32_t b_form = ((word << 7) & 0x80808080u) | ((word >> 3) & 0x0E0E0E0Eu);
-    const uint32_t sfw = (s < 2 ? r.sf.x : r.sf.y) >> (16 * (s & 1)); /* scale bytes of rows g, g+8 */
-    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sfw & 0xFFFFu), __NV_E4M3);
-    const __half2 s2 = *reinterpret_cast<const __half2 *>(&sr);
-    const __half2 s_g = __low2half2(s2), s_g8 = __high2half2(s2);
-    a[0] = hmul2_bits(__byte_perm(a_form, 0u, 0x1404), s_g);
-    a[1] = hmul2_bits(__byte_perm(a_form, 0u, 0x3424), s_g8);
-    a[2] = hmul2_bits(__byte_perm(b_form, 0u, 0x1404), s_g);
-    a[3] = hmul2_bits(__byte_perm(b_form, 0u, 0x3424), s_g8);
-    }
-}
-
 /* NVFP4 weights travel through a per-warp ring of STAGES shared-memory slots filled by cp.async: the
  * copies in flight hold no registers, so more of them fit. Eight stages keep ~97 KB in flight per SM
  * at 3 blocks per SM (four kept 41 KB, and the weight stream of decode ran at half the copy rate). */
-#define STAGES 8
-#define A_SLOT 576 /* one 16-row group's K step: 32 lanes x 16 B codes + 8 x 8 B scales */
+#ifndef MM_GEMM_STAGES
+#define MM_GEMM_STAGES 8 /* a power of two; a build option only to compare depths */
+#endif
+#define STAGES MM_GEMM_STAGES
 #define RING_BYTES (WARPS * STAGES * GROUPS_PER_WARP * A_SLOT) /* dynamic shared memory, NVFP4 */
 /* Few tokens in a tile (decode): the activations of KCH_FEW K steps are staged at once, so the block
  * meets at a barrier once per KCH_FEW steps instead of every step (a barrier per step made every warp
@@ -114,30 +51,6 @@ __device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t 
 #define FEW_COLS 16
 #define KCH_FEW 4
 static_assert(FEW_COLS * (KCH_FEW * BK + 8) <= BN * LDB, "chunked activations fit the staging buffer");
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-/* Issues the copies of K step kc of the warp's groups into its ring (then one commit group). */
-__device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, const uint8_t *sf, size_t group0, int kc,
-                                        int kc_end, int nkc, int lane, int groups) {
-    if (kc < kc_end) {
-        for (int q = 0; q < groups; q++) {
-            uint8_t *slot = ring + ((kc & (STAGES - 1)) * groups + q) * A_SLOT;
-            const size_t step = (size_t)mm_layout_unit((int64_t)(group0 + q), kc, nkc);
-            cp_async16(slot + lane * 16, codes + step * 512 + lane * 16);
-            if (lane < 8) cp_async8(slot + 512 + lane * 8, sf + step * 64 + lane * 8);
-        }
-    }
-    cp_async_commit(); /* an empty group past the end keeps the wait count uniform */
-}
 
 /* Raw activation data of this thread's part of a staged chunk: 4 pieces of 8 values. */
 struct b_raw {
@@ -165,8 +78,6 @@ __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const m
     }
 }
 
-__device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
-
 /* Rows past ncols are neither loaded nor stored: an MMA column never mixes with another, and the
  * epilogue drops every column >= ncols (the rows are zeroed once so no stale value is read). */
 __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs, int ldb, int shift, int k_left) {
@@ -179,36 +90,11 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs,
     }
 }
 
-/* Split-K plan for a forward: when the tiles are too few to fill the GPU (decode), K is split. It is a
- * function of the global token count and the shape only, never of R or of which rank computes it, so
- * y stays bitwise independent of R and of the number of GPUs. ws_tiles bounds a rank's tiles. */
-struct splitk_plan {
-    int splits, ws_tiles;
-};
-
-__host__ __device__ inline splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
-    const int active = (int)(slots < E ? slots : E);
-    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
-    const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
-    int sp = (target + blocks - 1) / blocks;
-    sp = sp < nkc / 8 ? sp : nkc / 8;
-    sp = sp < 8 ? sp : 8;
-    if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
-    return {sp, ws_tiles};
-}
-
-/* The group's token count, read from every rank's staged count through the peer table. */
-__device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers) {
-    long t = 0;
-    for (int p = 0; p < sh.R; p++) t += *(const int32_t *)(peers[p] + L.num_tokens);
-    return t * sh.K;
-}
-
 template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights,
-                                                                       int grid_splits) {
+                                                                       int grid_splits, int force) {
     __shared__ __align__(16) uint16_t Bs[2 * BN * LDB];
     extern __shared__ __align__(16) uint8_t a_ring[]; /* RING_BYTES for NVFP4, none for BF16 */
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
@@ -226,8 +112,10 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     /* The plan from the global token count (the host may launch more splits than it: NCCL ranks do
      * not know the other ranks' counts; the extra blocks leave here). */
-    const splitk_plan plan = plan_splitk(global_slots(sh, L, peers), sh.E,
+    const long slots = global_slots(sh, L, peers);
+    const splitk_plan plan = plan_splitk(slots, sh.E,
                                          PHASE == PHASE_GATE_UP ? 2 * sh.I / ROWS_PER_BLOCK : sh.H / ROWS_PER_BLOCK, nkc);
+    if (gemm_choice(force, slots, sh.E, plan.splits) != GEMM_MMA) return; /* the wgmma kernel has it */
     const int splits = SPLIT ? plan.splits : 1, ws_tiles = plan.ws_tiles;
     if (split >= splits) return;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits to finish adds the partial
@@ -256,13 +144,13 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const size_t group0 = (size_t)e * groups_per_expert + (size_t)blockIdx.y * (ROWS_PER_BLOCK / 16) +
                           (size_t)warp * GROUPS_PER_WARP;
 
-    float acc[GROUPS_PER_WARP][8][4];
+    float acc[GROUPS_PER_WARP][32];
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc[q][i][j] = 0.0f;
+            for (int j = 0; j < 4; j++) acc[q][i * 4 + j] = 0.0f;
 
     /* BF16 weights are prefetched one K step ahead in registers; NVFP4 through the cp.async ring.
      * Activations are staged a chunk of kch K steps at a time, double-buffered. */
@@ -272,7 +160,10 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int kch = ncols <= FEW_COLS ? KCH_FEW : 1, shift = kch == 1 ? 3 : 5, ldb = kch * BK + 8;
     if constexpr (nvfp4) {
 #pragma unroll
-        for (int st = 0; st < STAGES - 1; st++) issue_a(ring, codes, sfs, group0, kc0 + st, kc1, nkc, lane, GROUPS_PER_WARP);
+        for (int st = 0; st < STAGES - 1; st++) {
+            issue_a<STAGES, true>(ring, codes, sfs, wb, group0, kc0 + st, kc1, nkc, lane);
+            cp_async_commit();
+        }
     } else {
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
@@ -290,15 +181,12 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
             a_raw<nvfp4> cur[GROUPS_PER_WARP];
             if constexpr (nvfp4) {
                 __syncwarp(); /* every lane is done with the slot the next copies overwrite */
-                issue_a(ring, codes, sfs, group0, kc + STAGES - 1, kc1, nkc, lane, GROUPS_PER_WARP);
+                issue_a<STAGES, true>(ring, codes, sfs, wb, group0, kc + STAGES - 1, kc1, nkc, lane);
+                cp_async_commit();
                 cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
                 __syncwarp();                 /* and so have the other lanes' */
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                    const uint8_t *slot = ring + ((kc & (STAGES - 1)) * GROUPS_PER_WARP + q) * A_SLOT;
-                    cur[q].w[0] = *(const uint4 *)(slot + lane * 16);
-                    cur[q].sf = *(const uint2 *)(slot + 512 + g * 8);
-                }
+                for (int q = 0; q < GROUPS_PER_WARP; q++) ring_read<STAGES, true>(cur[q], ring, kc, q, lane);
             } else {
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++) cur[q] = nxt[q];
@@ -317,7 +205,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                     if (nt >= ntiles_n) break;
                     const uint16_t *brow = bs + (nt * 8 + g) * ldb + 16 * s + 2 * c;
                     const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(acc[q][nt], a[q], b0, b1, !nvfp4);
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(&acc[q][nt * 4], a[q], b0, b1, !nvfp4);
                 }
             }
         }
@@ -338,7 +226,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                 if (i < ntiles_n)
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        __stcg(mine_part + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid, acc[q][i][j]);
+                        __stcg(mine_part + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid, acc[q][i * 4 + j]);
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -360,77 +248,13 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                     const size_t stride = (size_t)GROUPS_PER_WARP * 32 * WARPS * 32;
                     float sum = __ldcg(part + entry * splits * stride); /* split 0 first: no 0 + (-0) */
                     for (int sp = 1; sp < splits; sp++) sum += __ldcg(part + (entry * splits + sp) * stride);
-                    acc[q][i][j] = sum;
+                    acc[q][i * 4 + j] = sum;
                 }
     }
 
-    /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
-    const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
-    if constexpr (PHASE == PHASE_DOWN) {
-        const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, alpha2 = nvfp4 ? W.w2_alpha[e] : 1.0f;
-#pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) {
-            const int row_base = (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP + q) * 16;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                if (nt >= ntiles_n) break;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int col = nt * 8 + 2 * c + (j & 1), h = row_base + g + (j >> 1) * 8;
-                    if (col >= ncols) continue;
-                    const slot_info si = decode_slot(sh, col_code[col]);
-                    float p = acc[q][nt][j];
-                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
-                    ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
-                }
-            }
-        }
-    } else {
-        /* Rows g (gate) and g+8 (up) of group q are intermediate index i = 8 * group + g. The warp's two
-         * groups are one NVFP4 block of 16 indices of the down projection's input. */
-        const float alpha_g = nvfp4 ? W.w13_alpha[e * 2] : 1.0f, alpha_u = nvfp4 ? W.w13_alpha[e * 2 + 1] : 1.0f;
-        const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, C = sh.clamp;
-        const int i_base = (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP) * 8;
-        uint16_t *act = (uint16_t *)(mine + L.act);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            if (nt >= ntiles_n) break;
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int col = nt * 8 + 2 * c + half; /* uniform validity across the 8 lanes of a column */
-                const float s = col_scale[col < BN ? col : 0];
-                float a[GROUPS_PER_WARP];
-                float amax = 0.0f;
-                for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                    float gv = acc[q][nt][half], uv = acc[q][nt][2 + half];
-                    if (nvfp4) {
-                        gv = mm_mul(mm_mul(mm_mul(gv, unbias), s), alpha_g);
-                        uv = mm_mul(mm_mul(mm_mul(uv, unbias), s), alpha_u);
-                    }
-                    if (C > 0.0f) {
-                        gv = fminf(gv, C);
-                        uv = fminf(fmaxf(uv, -C), C);
-                    }
-                    a[q] = mm_mul(mm_div(gv, mm_add(1.0f, expf(-gv))), uv);
-                    amax = mm_max_nan(amax, mm_fabs(a[q]));
-                }
-                uint16_t out[GROUPS_PER_WARP];
-                if (nvfp4) {
-                    for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-                    const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                        const float v = sf == 0.0f ? 0.0f
-                                                   : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
-                        out[q] = to_f16_bits(v);
-                    }
-                } else {
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
-                }
-                if (col < ncols)
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
-            }
-        }
-    }
+    gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n,
+                                (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP), col_code, col_scale,
+                                lane);
 }
 
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
@@ -451,21 +275,32 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int tiles = nccl || L.max_tiles < p1.ws_tiles ? L.max_tiles : p1.ws_tiles;
     if (tiles <= 0) return MEGAMOE_OK;
     const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
+    const int force = gemm_force_from_env();
+    /* Which kernel runs each phase: exactly as the kernels will decide in one process; with NCCL both
+     * are launched and the one the group's token count does not choose leaves at once. */
+    const int c1 = gemm_choice(force, slots, sh.E, p1.splits), c2 = gemm_choice(force, slots, sh.E, p2.splits);
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \
         const int ring_ = (NV) ? RING_BYTES : 0;                                                              \
-        if ((sp) > 1) sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, sp); \
-        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, 1);         \
+        if ((sp) > 1)                                                                                         \
+            sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, sp, force); \
+        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, 1, force); \
         MM_CUDA_TRY(cudaGetLastError());                                                                      \
     } while (0)
-    if (sh.nvfp4) {
-        MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
-        MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
-    } else {
-        MM_LAUNCH(PHASE_GATE_UP, false, grid_gate_up, sp1);
-        MM_LAUNCH(PHASE_DOWN, false, grid_down, sp2);
+    megamoe_status st = MEGAMOE_OK;
+    if (nccl || c1 == GEMM_MMA) {
+        if (sh.nvfp4) MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
+        else MM_LAUNCH(PHASE_GATE_UP, false, grid_gate_up, sp1);
     }
+    if (nccl || c1 == GEMM_WGMMA) st = sm90_expert_wgmma_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, force, s);
+    if (st != MEGAMOE_OK) return st;
+    if (nccl || c2 == GEMM_MMA) {
+        if (sh.nvfp4) MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
+        else MM_LAUNCH(PHASE_DOWN, false, grid_down, sp2);
+    }
+    if (nccl || c2 == GEMM_WGMMA) st = sm90_expert_wgmma_launch(PHASE_DOWN, sh, L, peers, weights, tiles, force, s);
+    if (st != MEGAMOE_OK) return st;
 #undef MM_LAUNCH
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
@@ -477,12 +312,15 @@ template <int PHASE, bool NVFP4, bool SPLIT>
 static megamoe_status prepare_one() {
     const void *f = (const void *)sm90_expert_gemm_kernel<PHASE, NVFP4, SPLIT>;
     MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, NVFP4 ? RING_BYTES : 0));
+#if !defined(MM_GEMM_CARVEOUT) || MM_GEMM_CARVEOUT
     MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+#endif
     return MEGAMOE_OK;
 }
 
 megamoe_status sm90_expert_gemm_prepare() {
-    megamoe_status st = prepare_one<PHASE_GATE_UP, true, false>();
+    megamoe_status st = sm90_expert_wgmma_prepare();
+    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, false>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, true>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, false>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, true>();

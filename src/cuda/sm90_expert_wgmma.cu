@@ -1,0 +1,225 @@
+/*
+ * sm90_expert_wgmma.cu -- the expert GEMMs when the experts have many tokens (prefill): Hopper's
+ * warpgroup MMA, wgmma.mma_async m64n64k16 with f32 accumulation, weights as the A operand straight
+ * from registers (RS form) and the token tile as the B operand from shared memory.
+ *
+ * Block: 8 warps = 2 warpgroups, 256 weight rows (each warp its two 16-row groups, as in the
+ * mma.sync kernel) x one token tile of 64. A warp's A registers are exactly the mma.sync A fragments
+ * of weight_layout.h, so the NVFP4 decode is the same ~1 integer op per weight, now amortized over
+ * 64 tokens per instruction and with no shared-memory traffic for the weights' decoded values:
+ * a warpgroup's wgmma takes each warp's 16 rows from that warp's registers (dev/sm90_wgmma_probe.cu
+ * checked the register order and the biased FP4 operand on the H200). The warp's two groups are the
+ * two wgmma of a k16 step, so the accumulators and the epilogue are the mma.sync kernel's.
+ *
+ * Pipeline, one K step (64) at a time, WG_STAGES slots: every thread copies its part of the step's
+ * token tile (64 tokens x 64 K, no-swizzle K-major core matrices: LBO = K-adjacent core matrices,
+ * SBO = token-adjacent) and each warp its own weight fragments (cp.async), WG_STAGES - 2 steps
+ * ahead; a slot is refilled once the wgmma that read it have retired (wait_group 1 at the end of each
+ * step, then the block barrier of the next). Rows past the tile's tokens stay zero and their columns
+ * are dropped by the epilogue.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sm90_gemm_common.cuh"
+
+#define WG_WARPS 8
+#define WG_THREADS (WG_WARPS * 32)
+#define WG_ROWS (WG_WARPS * GROUPS_PER_WARP * 16) /* 256 weight rows per block */
+#define WG_STAGES 5
+#define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
+static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
+
+__host__ __device__ constexpr int a_slot_bytes(bool nvfp4) { return nvfp4 ? A_SLOT : 2048; }
+__host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
+    return WG_STAGES * B_SLOT + WG_WARPS * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
+}
+
+/* Shared-memory matrix descriptor, no swizzle (dev/sm90_wgmma_probe.cu). */
+__device__ __forceinline__ uint64_t smem_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+}
+
+#define ACC32(d)                                                                                                 \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+/* d[32] = A(64 x 16, this warp's 16 rows in a[4]) . B(64 tokens x 16)^T (+ d when accumulate) */
+template <bool nvfp4>
+__device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t db, int accumulate) {
+    if constexpr (nvfp4) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                     : ACC32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                     : ACC32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    }
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+template <int PHASE, bool NVFP4>
+__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? 2 : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
+                                                                          uint8_t *const *peers,
+                                                                          const mm_dev_weights *weights, int force) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ int col_code[MM_TILE_TOKENS], col_src[MM_TILE_TOKENS], col_token[MM_TILE_TOKENS];
+    __shared__ float col_scale[MM_TILE_TOKENS];
+    constexpr bool nvfp4 = NVFP4;
+
+    const int r = sh.first_rank + (int)blockIdx.z, tile = blockIdx.x;
+    uint8_t *mine = peers[r];
+    if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    const long slots = global_slots(sh, L, peers);
+    const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
+    if (gemm_choice(force, slots, sh.E, plan.splits) != GEMM_WGMMA) return; /* the mma.sync kernel has it */
+
+    const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
+    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
+    const int count = ((const int32_t *)(mine + L.expert_count))[e];
+    const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start;
+    const int ncols = min(MM_TILE_TOKENS, count - start), ntiles_n = (ncols + 7) / 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
+    const mm_dev_weights W = weights[r - sh.first_rank];
+
+    uint8_t *bring = smem;
+    uint8_t *aring = smem + WG_STAGES * B_SLOT + warp * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
+    for (int i = tid; i < WG_STAGES * B_SLOT / 16; i += WG_THREADS) ((uint4 *)bring)[i] = make_uint4(0, 0, 0, 0);
+    if (tid < MM_TILE_TOKENS) {
+        const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
+        col_code[tid] = code;
+        slot_info si = {0, 0, 0};
+        if (code >= 0) si = decode_slot(sh, code);
+        col_src[tid] = si.src;
+        col_token[tid] = si.token;
+        col_scale[tid] = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP
+                             ? ((const float *)(peers[si.src] + L.x_scale))[si.token] : 1.0f;
+    }
+    __syncthreads();
+
+    /* This thread's two 16-byte pieces of each step's token tile: piece i -> token (i >> 1) & 63,
+     * K chunk (i & 1) + 2 (i >> 7); neighbouring lanes fill neighbouring core-matrix rows. */
+    const uint16_t *bsrc[2];
+    int boff[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = tid + WG_THREADS * h, tok = (i >> 1) & 63, kq = (i & 1) + 2 * (i >> 7);
+        boff[h] = kq * (MM_TILE_TOKENS * 16) + (tok >> 3) * 128 + (tok & 7) * 16;
+        const uint16_t *row = NULL;
+        if (tok < ncols) {
+            if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(first + tok) * sh.I;
+            else if (nvfp4) row = (const uint16_t *)(peers[col_src[tok]] + L.x_f16) + (size_t)col_token[tok] * sh.H;
+            else row = (const uint16_t *)(peers[col_src[tok]] + L.x) + (size_t)col_token[tok] * sh.H;
+        }
+        bsrc[h] = row ? row + kq * 8 : NULL;
+    }
+
+    const uint8_t *codes = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
+    const uint8_t *sfs = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
+    const uint16_t *wb = PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16;
+    const int wgroup = blockIdx.y * (WG_ROWS / 16) + warp * GROUPS_PER_WARP; /* within the expert */
+    const size_t group0 = (size_t)e * groups_per_expert + wgroup;
+
+    auto issue = [&](int kc) {
+        if (kc < nkc) {
+            issue_a<WG_STAGES, nvfp4>(aring, codes, sfs, wb, group0, kc, nkc, nkc, lane);
+            uint8_t *slot = bring + (kc % WG_STAGES) * B_SLOT;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (bsrc[h]) cp_async16(slot + boff[h], bsrc[h] + (size_t)kc * BK);
+        }
+        cp_async_commit();
+    };
+
+    float acc[GROUPS_PER_WARP][32]; /* the first k16 step writes them (accumulate = 0) */
+
+#pragma unroll
+    for (int st = 0; st < WG_STAGES - 2; st++) issue(st);
+    for (int kc = 0; kc < nkc; kc++) {
+        cp_async_wait<WG_STAGES - 3>();                              /* this thread's copies of step kc */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the wgmma (async proxy) */
+        __syncthreads(); /* everyone's copies landed; the wgmma of step kc - 2 retired in every warp */
+        issue(kc + WG_STAGES - 2);                                   /* into the slot of step kc - 2 */
+        a_raw<nvfp4> cur[GROUPS_PER_WARP];
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) ring_read<WG_STAGES, nvfp4>(cur[q], aring, kc, q, lane);
+        uint32_t a[GROUPS_PER_WARP][4][4];
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int s = 0; s < 4; s++) decode_a<nvfp4>(cur[q], s, a[q][s]);
+        const uint8_t *bslot = bring + (kc % WG_STAGES) * B_SLOT;
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            /* k16 step s: K core-matrix columns 2s, 2s + 1 */
+            const uint64_t db = smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > 0 || s > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,
+                                lane);
+}
+
+megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
+                                        cudaStream_t s) {
+    const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
+    const dim3 grid(tiles, rows / WG_ROWS, sh.local_ranks);
+    const int smem = wgmma_smem_bytes(sh.nvfp4 != 0);
+    if (phase == PHASE_GATE_UP) {
+        if (sh.nvfp4) sm90_expert_wgmma_kernel<PHASE_GATE_UP, true><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
+        else sm90_expert_wgmma_kernel<PHASE_GATE_UP, false><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
+    } else {
+        if (sh.nvfp4) sm90_expert_wgmma_kernel<PHASE_DOWN, true><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
+        else sm90_expert_wgmma_kernel<PHASE_DOWN, false><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
+    }
+    MM_CUDA_TRY(cudaGetLastError());
+    return MEGAMOE_OK;
+}
+
+template <int PHASE, bool NVFP4>
+static megamoe_status wgmma_prepare_one() {
+    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem_bytes(NVFP4)));
+    return MEGAMOE_OK;
+}
+
+megamoe_status sm90_expert_wgmma_prepare() {
+    megamoe_status st = wgmma_prepare_one<PHASE_GATE_UP, true>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_GATE_UP, false>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, false>();
+    return st;
+}
+
+int gemm_force_from_env() {
+    const char *v = getenv("MEGAMOE_GEMM");
+    if (!v) return GEMM_AUTO;
+    if (strcmp(v, "mma") == 0) return GEMM_MMA;
+    if (strcmp(v, "wgmma") == 0) return GEMM_WGMMA;
+    return GEMM_AUTO;
+}

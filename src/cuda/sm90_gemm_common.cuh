@@ -1,0 +1,256 @@
+/*
+ * sm90_gemm_common.cuh -- what the two expert GEMM kernels share: the weight fragments of
+ * weight_layout.h (loading, copying into shared memory, decoding to A registers), the slots of a
+ * token tile, the split-K plan, the choice between the kernels, and the epilogue that turns a warp's
+ * accumulators into act (gate/up: SwiGLU + requant) or p (down).
+ *   sm90_expert_gemm.cu:  mma.sync m16n8k16, 4 warps x 2 groups, split-K: few tokens per expert;
+ *   sm90_expert_wgmma.cu: wgmma m64n64k16 with A from registers, 8 warps x 2 groups: many tokens.
+ * Both leave the accumulators of a warp's two 16-row groups q over the tile's 64 token columns in
+ * acc[q][4 * nt + j]: row g + 8 (j >> 1), column 8 nt + 2c + (j & 1) (lane = 4g + c), the C layout
+ * of mma.sync and the D layout of wgmma alike.
+ */
+#ifndef MEGAMOE_SM90_GEMM_COMMON_CUH
+#define MEGAMOE_SM90_GEMM_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+#include "weight_layout.h"
+
+#define BK MM_FRAG_K            /* K per step: 64 */
+#define GROUPS_PER_WARP 2       /* 16-row groups per warp: 32 rows, one NVFP4 block of gate/up  */
+#define A_SLOT 576              /* one 16-row group's K step: 32 lanes x 16 B codes + 8 x 8 B scales */
+
+enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
+
+struct slot_info {
+    int src, token, slot;
+};
+
+__device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int code) {
+    slot_info s;
+    s.src = code / (sh.T_max * sh.K);
+    const int rem = code - s.src * sh.T_max * sh.K;
+    s.token = rem / sh.K;
+    s.slot = rem - s.token * sh.K;
+    return s;
+}
+
+/* The raw fragment data of one 16-row group for one K step. */
+template <bool NVFP4>
+struct a_raw {
+    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: 64 bytes */
+    uint2 sf;               /* NVFP4: scales, bytes 2s / 2s+1 = rows g / g+8 of k16 step s */
+};
+
+template <bool nvfp4>
+__device__ __forceinline__ void load_a(a_raw<nvfp4> &r, const uint8_t *codes, const uint8_t *sf,
+                                       const uint16_t *bf16, size_t group, int kc, int nkc, int lane) {
+    const size_t unit = (size_t)mm_layout_unit((int64_t)group, kc, nkc), frag = unit * 32 + lane;
+    if constexpr (nvfp4) {
+        r.w[0] = __ldg((const uint4 *)codes + frag);
+        r.sf = __ldg((const uint2 *)sf + unit * 8 + (lane >> 2));
+    } else {
+        const uint4 *p = (const uint4 *)(bf16 + frag * 32);
+        for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + i);
+    }
+}
+
+/* The A registers of k16 step s from the raw data. */
+template <bool nvfp4>
+__device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t *a) {
+    if constexpr (!nvfp4) {
+        const uint32_t *w = (const uint32_t *)&r.w[s];
+        for (int j = 0; j < 4; j++) a[j] = w[j];
+        return;
+    } else {
+    /* weight_layout.h: A-form bits are f16 high bytes (code * 2^-14); B form becomes A form with two
+     * shifts and two logic ops; one PRMT per register places two codes under zero low bytes. */
+    const uint32_t word = ((const uint32_t *)&r.w[0])[s];
+    const uint32_t a_form = word & 0x8E8E8E8Eu;
+    const uint32_t b_form = ((word << 7) & 0x80808080u) | ((word >> 3) & 0x0E0E0E0Eu);
+    const uint32_t sfw = (s < 2 ? r.sf.x : r.sf.y) >> (16 * (s & 1)); /* scale bytes of rows g, g+8 */
+    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sfw & 0xFFFFu), __NV_E4M3);
+    const __half2 s2 = *reinterpret_cast<const __half2 *>(&sr);
+    const __half2 s_g = __low2half2(s2), s_g8 = __high2half2(s2);
+    a[0] = hmul2_bits(__byte_perm(a_form, 0u, 0x1404), s_g);
+    a[1] = hmul2_bits(__byte_perm(a_form, 0u, 0x3424), s_g8);
+    a[2] = hmul2_bits(__byte_perm(b_form, 0u, 0x1404), s_g);
+    a[3] = hmul2_bits(__byte_perm(b_form, 0u, 0x3424), s_g8);
+    }
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Issues the copies of K step kc of a warp's groups into its ring of STAGES_ slots (none past the
+ * end; the caller commits, so empty groups keep the wait counts uniform). NVFP4: 512 B of codes and
+ * 64 of scales per group; BF16: 2 KB per group (slot = A_SLOT or 2048 bytes per group). */
+template <int STAGES_, bool nvfp4>
+__device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, const uint8_t *sf, const uint16_t *wb,
+                                        size_t group0, int kc, int kc_end, int nkc, int lane) {
+    constexpr int slot_bytes = nvfp4 ? A_SLOT : 2048;
+    if (kc < kc_end) {
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) {
+            uint8_t *slot = ring + ((kc % STAGES_) * GROUPS_PER_WARP + q) * slot_bytes;
+            const size_t unit = (size_t)mm_layout_unit((int64_t)(group0 + q), kc, nkc);
+            if constexpr (nvfp4) {
+                cp_async16(slot + lane * 16, codes + unit * 512 + lane * 16);
+                if (lane < 8) cp_async8(slot + 512 + lane * 8, sf + unit * 64 + lane * 8);
+            } else {
+                const uint8_t *src = (const uint8_t *)wb + (unit * 32 + lane) * 64;
+#pragma unroll
+                for (int i = 0; i < 4; i++) cp_async16(slot + lane * 64 + 16 * i, src + 16 * i);
+            }
+        }
+    }
+}
+
+/* The raw data of a warp's group q for K step kc from its ring. */
+template <int STAGES_, bool nvfp4>
+__device__ __forceinline__ void ring_read(a_raw<nvfp4> &r, const uint8_t *ring, int kc, int q, int lane) {
+    constexpr int slot_bytes = nvfp4 ? A_SLOT : 2048;
+    const uint8_t *slot = ring + ((kc % STAGES_) * GROUPS_PER_WARP + q) * slot_bytes;
+    if constexpr (nvfp4) {
+        r.w[0] = *(const uint4 *)(slot + lane * 16);
+        r.sf = *(const uint2 *)(slot + 512 + (lane >> 2) * 8);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.w[i] = *(const uint4 *)(slot + lane * 64 + 16 * i);
+    }
+}
+
+__device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+
+/* Split-K plan for a forward: when the tiles are too few to fill the GPU (decode), K is split. It is a
+ * function of the global token count and the shape only, never of R or of which rank computes it, so
+ * y stays bitwise independent of R and of the number of GPUs. ws_tiles bounds a rank's tiles. */
+struct splitk_plan {
+    int splits, ws_tiles;
+};
+
+__host__ __device__ inline splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
+    const int active = (int)(slots < E ? slots : E);
+    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
+    int sp = (target + blocks - 1) / blocks;
+    sp = sp < nkc / 8 ? sp : nkc / 8;
+    sp = sp < 8 ? sp : 8;
+    if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
+    return {sp, ws_tiles};
+}
+
+/* The group's token count, read from every rank's staged count through the peer table. */
+__device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers) {
+    long t = 0;
+    for (int p = 0; p < sh.R; p++) t += *(const int32_t *)(peers[p] + L.num_tokens);
+    return t * sh.K;
+}
+
+
+/* Which kernel runs the expert GEMMs of a forward: wgmma when the experts average 24 tokens or more
+ * (tiles mostly full) and no K split is planned; a function of the global token count and the shape
+ * only, like the split-K plan, so y does not depend on R or on the number of GPUs. `force` (from
+ * the environment variable MEGAMOE_GEMM=mma|wgmma, for benchmarks) overrides it for every rank. */
+enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2 };
+__host__ __device__ inline int gemm_choice(int force, long slots, int E, int splits) {
+    if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
+    return splits == 1 && slots >= 24L * E ? GEMM_WGMMA : GEMM_MMA;
+}
+
+/* MEGAMOE_GEMM=mma|wgmma (benchmarks): GEMM_MMA or GEMM_WGMMA; unset or anything else: GEMM_AUTO. */
+int gemm_force_from_env();
+
+/* The wgmma kernel of one phase over `tiles` token tiles of every local rank (host side). */
+megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
+                                        cudaStream_t s);
+megamoe_status sm90_expert_wgmma_prepare();
+
+/* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows). */
+template <int PHASE, bool nvfp4>
+__device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][32], const mm_dev_shape &sh,
+                                              const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
+                                              const mm_dev_weights &W, int e, int first, int ncols, int ntiles_n,
+                                              int wgroup, const int *col_code, const float *col_scale, int lane) {
+    const int g = lane >> 2, c = lane & 3;
+    /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
+    const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
+    if constexpr (PHASE == PHASE_DOWN) {
+        const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, alpha2 = nvfp4 ? W.w2_alpha[e] : 1.0f;
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) {
+            const int row_base = (wgroup + q) * 16;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                if (nt >= ntiles_n) break;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int col = nt * 8 + 2 * c + (j & 1), h = row_base + g + (j >> 1) * 8;
+                    if (col >= ncols) continue;
+                    const slot_info si = decode_slot(sh, col_code[col]);
+                    float p = acc[q][nt * 4 + j];
+                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+                    ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
+                }
+            }
+        }
+    } else {
+        /* Rows g (gate) and g+8 (up) of group q are intermediate index i = 8 * group + g. The warp's two
+         * groups are one NVFP4 block of 16 indices of the down projection's input. */
+        const float alpha_g = nvfp4 ? W.w13_alpha[e * 2] : 1.0f, alpha_u = nvfp4 ? W.w13_alpha[e * 2 + 1] : 1.0f;
+        const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, C = sh.clamp;
+        const int i_base = wgroup * 8;
+        uint16_t *act = (uint16_t *)(mine + L.act);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            if (nt >= ntiles_n) break;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int col = nt * 8 + 2 * c + half; /* uniform validity across the 8 lanes of a column */
+                const float s = col_scale[col < MM_TILE_TOKENS ? col : 0];
+                float a[GROUPS_PER_WARP];
+                float amax = 0.0f;
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    float gv = acc[q][nt * 4 + half], uv = acc[q][nt * 4 + 2 + half];
+                    if (nvfp4) {
+                        gv = mm_mul(mm_mul(mm_mul(gv, unbias), s), alpha_g);
+                        uv = mm_mul(mm_mul(mm_mul(uv, unbias), s), alpha_u);
+                    }
+                    if (C > 0.0f) {
+                        gv = fminf(gv, C);
+                        uv = fminf(fmaxf(uv, -C), C);
+                    }
+                    a[q] = mm_mul(mm_div(gv, mm_add(1.0f, expf(-gv))), uv);
+                    amax = mm_max_nan(amax, mm_fabs(a[q]));
+                }
+                uint16_t out[GROUPS_PER_WARP];
+                if (nvfp4) {
+                    for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+                    const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                        const float v = sf == 0.0f ? 0.0f
+                                                   : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
+                        out[q] = to_f16_bits(v);
+                    }
+                } else {
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
+                }
+                if (col < ncols)
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+            }
+        }
+    }
+}
+
+#endif /* MEGAMOE_SM90_GEMM_COMMON_CUH */
