@@ -27,6 +27,9 @@
 #define WG_THREADS (WG_WARPS * 32)
 #define WG_ROWS (WG_WARPS * GROUPS_PER_WARP * 16) /* 256 weight rows per block */
 #define WG_STAGES 5
+#ifndef MM_WGMMA_MINBLOCKS /* NVFP4 blocks per SM the registers are capped for (build option) */
+#define MM_WGMMA_MINBLOCKS 2
+#endif
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
 
@@ -75,8 +78,18 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+/* Makes the compiler keep registers (an RS wgmma's A operand) unchanged and live up to here. */
+__device__ __forceinline__ void keep_alive(uint32_t (&a)[GROUPS_PER_WARP][4][4]) {
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
+}
+
 template <int PHASE, bool NVFP4>
-__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? 2 : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
+__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_MINBLOCKS : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                           uint8_t *const *peers,
                                                                           const mm_dev_weights *weights, int force) {
     extern __shared__ __align__(128) uint8_t smem[];
@@ -150,11 +163,23 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? 2 : 1) sm90_expert_wgmma_k
         cp_async_commit();
     };
 
-    float acc[GROUPS_PER_WARP][32]; /* the first k16 step writes them (accumulate = 0) */
-
+#if MM_WGMMA_ZERO_INIT
+    float acc[GROUPS_PER_WARP][32];
 #pragma unroll
-    for (int st = 0; st < WG_STAGES - 2; st++) issue(st);
-    for (int kc = 0; kc < nkc; kc++) {
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) acc[q][i] = 0.0f;
+#define MM_ACCUMULATE(kc, s) 1
+#else
+    float acc[GROUPS_PER_WARP][32]; /* the first k16 step writes them (accumulate = 0) */
+#define MM_ACCUMULATE(kc, s) ((kc) > 0 || (s) > 0)
+#endif
+
+    /* One K step. The A registers are read by the wgmma asynchronously: those of step kc - 1
+     * (prev) stay untouched, and live for the compiler, until wait_group 1 has retired that step;
+     * so the loop alternates two register sets. */
+    using a_regs = uint32_t[GROUPS_PER_WARP][4][4];
+    auto step = [&](int kc, a_regs &a, a_regs &prev) {
         cp_async_wait<WG_STAGES - 3>();                              /* this thread's copies of step kc */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the wgmma (async proxy) */
         __syncthreads(); /* everyone's copies landed; the wgmma of step kc - 2 retired in every warp */
@@ -162,7 +187,6 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? 2 : 1) sm90_expert_wgmma_k
         a_raw<nvfp4> cur[GROUPS_PER_WARP];
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++) ring_read<WG_STAGES, nvfp4>(cur[q], aring, kc, q, lane);
-        uint32_t a[GROUPS_PER_WARP][4][4];
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
@@ -174,12 +198,24 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? 2 : 1) sm90_expert_wgmma_k
             /* k16 step s: K core-matrix columns 2s, 2s + 1 */
             const uint64_t db = smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
 #pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > 0 || s > 0);
+            for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<nvfp4>(acc[q], a[q][s], db, MM_ACCUMULATE(kc, s));
         }
         wgmma_commit();
         wgmma_wait<1>();
+        keep_alive(prev);
+    };
+    a_regs a0, a1;
+#pragma unroll
+    for (int st = 0; st < WG_STAGES - 2; st++) issue(st);
+    int kc = 0;
+    for (; kc + 1 < nkc; kc += 2) {
+        step(kc, a0, a1);
+        step(kc + 1, a1, a0);
     }
+    if (kc < nkc) step(kc, a0, a1);
     wgmma_wait<0>();
+    keep_alive(a0);
+    keep_alive(a1);
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,
                                 lane);
 }
