@@ -29,9 +29,7 @@
 #include <stdint.h>
 
 #define MM_FRAG_K 64
-#ifndef MM_SLAB_GROUPS /* a build option only to compare layouts (1 = one group per run) */
 #define MM_SLAB_GROUPS 8 /* rows % 128 == 0 (H and I are multiples of 256) */
-#endif
 
 #ifdef __cplusplus
 extern "C" {

@@ -106,7 +106,7 @@ __device__ __forceinline__ uint4 decode8_biased(uint32_t codes, uint8_t sf) {
     return v;
 }
 
-/* Block-wide reductions over blockDim.x threads (a multiple of 32, at most 1024). */
+/* Warp-wide sum and max by butterfly shuffles (every lane gets the result, in a fixed order). */
 __device__ __forceinline__ float mm_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
@@ -115,17 +115,7 @@ __device__ __forceinline__ float mm_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     return v;
 }
-/* Sum in a fixed order (lanes, then warps in order): the same inputs give the same bits. */
-__device__ __forceinline__ float mm_block_sum(float v, float *scratch /* [32] */) {
-    v = mm_warp_sum(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < nwarps; w++) total += scratch[w];
-    return total;
-}
+/* Max over the block's blockDim.x threads (a multiple of 32, at most 1024). */
 __device__ __forceinline__ float mm_block_max(float v, float *scratch /* [32] */) {
     v = mm_warp_max(v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;

@@ -39,11 +39,8 @@ __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b
 
 /* NVFP4 weights travel through a per-warp ring of STAGES shared-memory slots filled by cp.async: the
  * copies in flight hold no registers, so more of them fit. Eight stages keep ~97 KB in flight per SM
- * at 3 blocks per SM (four kept 41 KB, and the weight stream of decode ran at half the copy rate). */
-#ifndef MM_GEMM_STAGES
-#define MM_GEMM_STAGES 8 /* a power of two; a build option only to compare depths */
-#endif
-#define STAGES MM_GEMM_STAGES
+ * at 3 blocks per SM (four kept 41 KB); a power of two. */
+#define STAGES 8
 #define RING_BYTES (WARPS * STAGES * GROUPS_PER_WARP * A_SLOT) /* dynamic shared memory, NVFP4 */
 /* Few tokens in a tile (decode): the activations of KCH_FEW K steps are staged at once, so the block
  * meets at a barrier once per KCH_FEW steps instead of every step (a barrier per step made every warp
@@ -312,9 +309,7 @@ template <int PHASE, bool NVFP4, bool SPLIT>
 static megamoe_status prepare_one() {
     const void *f = (const void *)sm90_expert_gemm_kernel<PHASE, NVFP4, SPLIT>;
     MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, NVFP4 ? RING_BYTES : 0));
-#if !defined(MM_GEMM_CARVEOUT) || MM_GEMM_CARVEOUT
     MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-#endif
     return MEGAMOE_OK;
 }
 
