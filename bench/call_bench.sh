@@ -12,11 +12,11 @@ bench() { timeout 200 "$@" --iters 10 2>&1 | sed 's/bench: //; s/ backend=cuda//
 DS="--experts 256 --top-k 8 --hidden 7168 --inter 2048"
 for v in $B/megamoe_*; do
   [ -x "$v" ] || continue
-  echo "== variant ${v##*/} (mma.sync forced)"; MEGAMOE_GEMM=mma bench $v bench --backend cuda --format nvfp4 $DS --tokens 2048
+  echo "== variant ${v##*/} (mma.sync forced)"; bench $v bench --gemm mma --backend cuda --format nvfp4 $DS --tokens 2048
 done
-echo "== default build, mma.sync forced"; MEGAMOE_GEMM=mma bench $B/megamoe bench --backend cuda --format nvfp4 $DS --tokens 2048
+echo "== default build, mma.sync forced"; bench $B/megamoe bench --gemm mma --backend cuda --format nvfp4 $DS --tokens 2048
 for gemm in wgmma; do
-  echo "== $gemm forced"; MEGAMOE_GEMM=$gemm bench $B/megamoe bench --backend cuda --format nvfp4 $DS --tokens 128,512,2048,8192
+  echo "== $gemm forced"; bench $B/megamoe bench --gemm $gemm --backend cuda --format nvfp4 $DS --tokens 128,512,2048,8192
 done
 echo "== NVFP4, kernels chosen per forward"
 for shape in "256 8 7168 2048" "128 8 2048 768" "8 2 4096 14336"; do set -- $shape

@@ -63,6 +63,10 @@ static void dev_free(dev_inputs *d) {
     cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
 }
 
+/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma forces one (the suite runs
+ * once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
+static int g_gemm_kernel;
+
 static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamoe_group **g,
                        megamoe_layer **l) {
     megamoe_group_config gc;
@@ -74,7 +78,9 @@ static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamo
 #endif
     megamoe_status st = megamoe_group_create(&gc, g);
     if (st) fail_msg("group: %s", megamoe_group_last_error(*g));
-    st = megamoe_layer_create(*g, &m->cfg, l);
+    megamoe_layer_config cfg = m->cfg;
+    cfg.gemm_kernel = g_gemm_kernel;
+    st = megamoe_layer_create(*g, &cfg, l);
     if (st == MEGAMOE_OK) st = tu_model_load(m, *l);
     if (st == MEGAMOE_OK) st = megamoe_layer_finalize(*l);
     if (st) fail_msg("layer: %s", megamoe_layer_last_error(*l));
@@ -355,6 +361,11 @@ int main(int argc, char **argv) {
         return 77;
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
+    const char *gemm = getenv("MEGAMOE_GEMM");
+    g_gemm_kernel = gemm && strcmp(gemm, "mma") == 0 ? 1 : gemm && strcmp(gemm, "wgmma") == 0 ? 2 : 0;
+    printf("expert GEMM kernels: %s\n", g_gemm_kernel == 1 ? "mma.sync (forced)"
+                                       : g_gemm_kernel == 2 ? "wgmma (forced)"
+                                                            : "chosen per forward");
 #ifdef MEGAMOE_HAVE_NCCL
     ncclUniqueId id;
     g_have_comm = ncclGetUniqueId(&id) == ncclSuccess && ncclCommInitRank(&g_comm, 1, id, 0) == ncclSuccess;

@@ -60,6 +60,12 @@ static void test_size_rules(void **state) {
     c = small_config(MEGAMOE_FORMAT_NVFP4);
     c.norm_eps = 0.0f;
     expect_create_error(1, c, "norm_eps", "> 0");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.gemm_kernel = 3;
+    expect_create_error(1, c, "gemm_kernel=3", "wgmma");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.timeout_ms = 0;
+    expect_create_error(1, c, "timeout_ms=0", ">= 1");
     /* R outside 1..72 is refused by the group. */
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);

@@ -238,7 +238,7 @@ int cmd_demo(int argc, char **argv) {
 static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
-    "                     [--iters N] [--seed S] [--gpus N]\n"
+    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
     "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
@@ -247,7 +247,9 @@ static const char k_bench_help[] =
     "\n"
     "  --gpus N   expert parallelism over N GPUs of this machine, one NCCL rank each: E/N experts\n"
     "             per GPU, and each T is the tokens of every rank (the group runs N*T). Prints the\n"
-    "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n";
+    "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n"
+    "  --gemm K   the GPU's expert GEMM kernel: auto (default: chosen per forward from the token\n"
+    "             count), mma (mma.sync, split-K) or wgmma (warpgroup MMA).\n";
 
 /* Fills n bytes fast from a seed (xorshift64*, 8 bytes a step). */
 static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
@@ -322,9 +324,10 @@ int cmd_bench(int argc, char **argv) {
                                          {"iters", required_argument, 0, 'n'},
                                          {"seed", required_argument, 0, 's'},
                                          {"gpus", required_argument, 0, 'G'},
+                                         {"gemm", required_argument, 0, 'g'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0;
+    int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0, gemm = 0;
     int Ts[32] = {256};
     uint64_t seed = 1;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
@@ -349,6 +352,10 @@ int cmd_bench(int argc, char **argv) {
         case 't': ok = cli_parse_int(optarg, &threads); break;
         case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
         case 'G': ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
+        case 'g':
+            gemm = strcmp(optarg, "auto") == 0 ? 0 : strcmp(optarg, "mma") == 0 ? 1 : strcmp(optarg, "wgmma") == 0 ? 2 : -1;
+            ok = gemm >= 0;
+            break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;
         case 'f':
             if (strcmp(optarg, "nvfp4") == 0)
@@ -374,6 +381,7 @@ int cmd_bench(int argc, char **argv) {
     megamoe_layer_config_init(&cfg);
     cfg.name = "bench";
     cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
+    cfg.gemm_kernel = gemm;
     cfg.max_tokens = R > 0 ? (T_max + R - 1) / R : 1;
     if (gpus > 0) {
         cfg.max_tokens = T_max;

@@ -318,7 +318,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     if (st) return st;
     int total_tokens = 0;
     for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
-    st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, s);
+    st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;

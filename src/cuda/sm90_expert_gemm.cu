@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
 }
 
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       const mm_dev_weights *weights, int total_tokens, cudaStream_t s) {
+                                       const mm_dev_weights *weights, int total_tokens, int force, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
     /* Single process: the host knows the group's token count and plans exactly as the kernels will.
      * NCCL: it knows only its own count, a lower bound, so it launches the most splits the kernels
@@ -272,7 +272,6 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int tiles = nccl || L.max_tiles < p1.ws_tiles ? L.max_tiles : p1.ws_tiles;
     if (tiles <= 0) return MEGAMOE_OK;
     const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
-    const int force = gemm_force_from_env();
     /* Which kernel runs each phase: exactly as the kernels will decide in one process; with NCCL both
      * are launched and the one the group's token count does not choose leaves at once. */
     const int c1 = gemm_choice(force, slots, sh.E, p1.splits), c2 = gemm_choice(force, slots, sh.E, p2.splits);

@@ -18,9 +18,6 @@
  * step, then the block barrier of the next). Rows past the tile's tokens stay zero and their columns
  * are dropped by the epilogue.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include "sm90_gemm_common.cuh"
 
 #define WG_WARPS 8
@@ -241,12 +238,4 @@ megamoe_status sm90_expert_wgmma_prepare() {
     if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true>();
     if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, false>();
     return st;
-}
-
-int gemm_force_from_env() {
-    const char *v = getenv("MEGAMOE_GEMM");
-    if (!v) return GEMM_AUTO;
-    if (strcmp(v, "mma") == 0) return GEMM_MMA;
-    if (strcmp(v, "wgmma") == 0) return GEMM_WGMMA;
-    return GEMM_AUTO;
 }

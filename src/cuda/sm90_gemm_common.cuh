@@ -161,15 +161,12 @@ __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layo
 /* Which kernel runs the expert GEMMs of a forward: wgmma when the experts average 4 tokens or more
  * and no K split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16); a function of the global token count and the shape
  * only, like the split-K plan, so y does not depend on R or on the number of GPUs. `force` (from
- * the environment variable MEGAMOE_GEMM=mma|wgmma, for benchmarks) overrides it for every rank. */
+ * megamoe_layer_config.gemm_kernel, for tests and benchmarks) overrides it for every rank. */
 enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2 };
 __host__ __device__ inline int gemm_choice(int force, long slots, int E, int splits) {
     if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
     return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
 }
-
-/* MEGAMOE_GEMM=mma|wgmma (benchmarks): GEMM_MMA or GEMM_WGMMA; unset or anything else: GEMM_AUTO. */
-int gemm_force_from_env();
 
 /* The wgmma kernel of one phase over `tiles` token tiles of every local rank (host side). */
 megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
