@@ -13,6 +13,9 @@ what=${*:-all}
 has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.used --format=csv | tee "$OUT/gpu.txt"
 if has tests; then
+  # Issue 3: HGMMA in the SASS of the large-batch path (the wgmma kernels).
+  n=$(cuobjdump --dump-sass $B/megamoe 2>/dev/null | grep -c "HGMMA")
+  echo "== HGMMA instructions in the wgmma kernels' SASS: $n"; [ "$n" -gt 0 ] || echo "FAILED: no HGMMA"
   # Once with the kernels chosen per forward, then with each GEMM kernel forced on every case.
   for gemm in auto mma wgmma; do
     echo "== GPU tests (MEGAMOE_GEMM=$gemm)"
