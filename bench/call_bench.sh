@@ -5,8 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="$PWD/.devbin/libs:${NCCL_DIR:+$NCCL_DIR/lib:}${LD_LIBRARY_PATH:-}"
+. bench/device_env.sh
 B=.devbin
 bench() { timeout 200 "$@" --iters 10 2>&1 | sed 's/bench: //; s/ backend=cuda//; s/ over 10//' | tee -a "$OUT/bench.log"; }
 DS="--experts 256 --top-k 8 --hidden 7168 --inter 2048"

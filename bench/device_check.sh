@@ -5,9 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-# NCCL 2.28.9 from the PyTorch wheel (the system copy lacks parts of the device API).
-NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="$PWD/.devbin/libs:${NCCL_DIR:+$NCCL_DIR/lib:}${LD_LIBRARY_PATH:-}"
+. bench/device_env.sh
 B=.devbin
 what=${*:-all}
 has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }

@@ -6,8 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="$PWD/.devbin/libs:${NCCL_DIR:+$NCCL_DIR/lib:}${LD_LIBRARY_PATH:-}"
+. bench/device_env.sh
 fmt=$1; set -- $2 "$3"
 log="$OUT/ncu_${fmt}_$1_$4.csv"
 ncu --clock-control none --csv --page raw \

@@ -27,19 +27,27 @@ typedef struct gpu_job {
     char error[1024];
 } gpu_job;
 
-static void *gpu_main(void *arg) {
-    gpu_job *j = arg;
-    cudaSetDevice(j->rank);
+/* The group of GPU `rank` (its thread's device) on communicator `comm` and a layer on it; on failure
+ * `error` gets the message. Collective: every rank's thread calls it. */
+static megamoe_status rank_layer(int rank, ncclComm_t comm, const megamoe_layer_config *cfg, cli_layer *L,
+                                 char *error, size_t error_size) {
+    cudaSetDevice(rank);
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
     gc.backend = MEGAMOE_BACKEND_NCCL;
-    gc.device = j->rank;
-    gc.nccl_comm = j->comm;
+    gc.device = rank;
+    gc.nccl_comm = comm;
+    megamoe_status st = megamoe_group_create(&gc, &L->group);
+    if (st) snprintf(error, error_size, "GPU %d: %s", rank, megamoe_group_last_error(L->group));
+    if (!st && (st = megamoe_layer_create(L->group, cfg, &L->layer)) != MEGAMOE_OK)
+        snprintf(error, error_size, "GPU %d: %s", rank, megamoe_layer_last_error(L->layer));
+    return st;
+}
+
+static void *gpu_main(void *arg) {
+    gpu_job *j = arg;
     cli_layer L = {0};
-    megamoe_status st = megamoe_group_create(&gc, &L.group);
-    if (st) snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_group_last_error(L.group));
-    if (!st && (st = megamoe_layer_create(L.group, j->cfg, &L.layer)) != MEGAMOE_OK)
-        snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_layer_last_error(L.layer));
+    megamoe_status st = rank_layer(j->rank, j->comm, j->cfg, &L, j->error, sizeof j->error);
     if (!st)
         st = megamoe_layer_load_checkpoint(L.layer, j->ck, j->prefix, j->rank == 0 ? cli_progress : NULL,
                                            NULL);
@@ -116,21 +124,12 @@ typedef struct bench_job {
 
 static void *bench_main(void *arg) {
     bench_job *j = arg;
-    cudaSetDevice(j->rank);
-    megamoe_group_config gc;
-    megamoe_group_config_init(&gc);
-    gc.backend = MEGAMOE_BACKEND_NCCL;
-    gc.device = j->rank;
-    gc.nccl_comm = j->comm;
     cli_layer L = {0};
     megamoe_layer_config lc = *j->cfg;
     lc.timeout_ms = 120000; /* the ranks make their random inputs on the host at different speeds */
     const megamoe_layer_config *c = &lc;
     const int K = c->top_k, H = c->hidden_size, E = c->num_experts, E_r = E / j->gpus;
-    megamoe_status st = megamoe_group_create(&gc, &L.group);
-    if (st) snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_group_last_error(L.group));
-    if (!st && (st = megamoe_layer_create(L.group, c, &L.layer)) != MEGAMOE_OK)
-        snprintf(j->error, sizeof j->error, "GPU %d: %s", j->rank, megamoe_layer_last_error(L.layer));
+    megamoe_status st = rank_layer(j->rank, j->comm, c, &L, j->error, sizeof j->error);
     if (!st && j->load(L.layer, c, j->seed)) {
         snprintf(j->error, sizeof j->error, "GPU %d: loading the random weights failed", j->rank);
         st = MEGAMOE_ERR_INVALID_ARGUMENT;

@@ -123,16 +123,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
     for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)Bs)[i] = make_uint4(0, 0, 0, 0);
-    if (tid < BN) {
-        const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
-        col_code[tid] = code;
-        slot_info si = {0, 0, 0};
-        if (code >= 0) si = decode_slot(sh, code);
-        col_src[tid] = si.src;
-        col_token[tid] = si.token;
-        col_scale[tid] = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP
-                             ? ((const float *)(peers[si.src] + L.x_scale))[si.token] : 1.0f;
-    }
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, first, ncols, col_code, col_src, col_token, col_scale);
     __syncthreads();
 
     const uint8_t *codes = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;

@@ -115,16 +115,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     uint8_t *bring = smem;
     uint8_t *aring = smem + WG_STAGES * B_SLOT + warp * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
     for (int i = tid; i < WG_STAGES * B_SLOT / 16; i += WG_THREADS) ((uint4 *)bring)[i] = make_uint4(0, 0, 0, 0);
-    if (tid < MM_TILE_TOKENS) {
-        const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
-        col_code[tid] = code;
-        slot_info si = {0, 0, 0};
-        if (code >= 0) si = decode_slot(sh, code);
-        col_src[tid] = si.src;
-        col_token[tid] = si.token;
-        col_scale[tid] = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP
-                             ? ((const float *)(peers[si.src] + L.x_scale))[si.token] : 1.0f;
-    }
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, first, ncols, col_code, col_src, col_token, col_scale);
     __syncthreads();
 
     /* This thread's two 16-byte pieces of each step's token tile: piece i -> token (i >> 1) & 63,

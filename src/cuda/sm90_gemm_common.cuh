@@ -38,6 +38,25 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
     return s;
 }
 
+/* The token tile's columns, by threads 0..63: each slot's code (-1 past ncols), home rank, token and,
+ * for the NVFP4 gate/up, the token's activation scale s. The caller synchronizes. */
+template <int PHASE, bool nvfp4>
+__device__ __forceinline__ void tile_columns(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                             const uint8_t *mine, int first, int ncols, int *col_code, int *col_src,
+                                             int *col_token, float *col_scale) {
+    const int tid = threadIdx.x;
+    if (tid < MM_TILE_TOKENS) {
+        const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
+        col_code[tid] = code;
+        slot_info si = {0, 0, 0};
+        if (code >= 0) si = decode_slot(sh, code);
+        col_src[tid] = si.src;
+        col_token[tid] = si.token;
+        col_scale[tid] = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP
+                             ? ((const float *)(peers[si.src] + L.x_scale))[si.token] : 1.0f;
+    }
+}
+
 /* The raw fragment data of one 16-row group for one K step. */
 template <bool NVFP4>
 struct a_raw {
