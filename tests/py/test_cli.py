@@ -117,6 +117,11 @@ def test_bad_files_and_usage(setup, tmp_path):
     p = mr.run_cli("run", "--checkpoint", tmp / "good.safetensors", "--input", inp, "--output", tmp / "y",
                    "--ranks", "3", check=False)
     assert p.returncode != 0 and "E=8" in p.stderr and "R=3" in p.stderr
+    for bad in (["--gemm", "fast"], ["--gpus", "0"], ["--tokens", "1,x"]):
+        p = mr.run_cli("bench", *bad, check=False)
+        assert p.returncode != 0 and bad[1] in p.stderr, (bad, p.stderr)
+    p = mr.run_cli("bench", "--help")
+    assert "--gpus" in p.stdout and "--gemm" in p.stdout
 
 
 def test_cuda_backend_message_without_gpu(setup):
@@ -129,4 +134,6 @@ def test_cuda_backend_message_without_gpu(setup):
     assert p.returncode != 0 and "--backend cuda" in p.stderr and "CUDA" in p.stderr
     p = mr.run_cli("run", "--checkpoint", tmp / "good.safetensors", "--input", inp, "--output", tmp / "y",
                    "--gpus", "2", check=False)
+    assert p.returncode != 0 and "--gpus" in p.stderr
+    p = mr.run_cli("bench", "--gpus", "2", "--tokens", "4", check=False)
     assert p.returncode != 0 and "--gpus" in p.stderr
