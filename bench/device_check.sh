@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repo root, after bench/stage_device.sh: the GPU tests, the
 # compute-sanitizer runs, the demo and the benchmark table. Logs go to $OUT (or ./device-out).
-#   usage: bash .devbin/device_check.sh [tests|sanitize|multi|demo|bench|all]...
+#   usage: bash .devbin/device_check.sh [tests|sanitize|multi|dev|demo|bench|all]...
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -33,6 +33,11 @@ if has sanitize; then
 fi
 if has multi; then
   echo "== multi-GPU tests"; MEGAMOE_CLI=$B/megamoe python3 -m pytest -q -p no:cacheprovider -rs tests/py/test_multi_gpu.py 2>&1 | tee "$OUT/multi_gpu.log" | tail -5
+fi
+if has dev; then
+  for probe in sm90_stream_probe sm90_decode_gemm; do
+    echo "== dev/$probe"; timeout 240 $B/$probe 2>&1 | tee "$OUT/$probe.log"
+  done
 fi
 if has demo; then
   echo "== demo"; $B/megamoe demo 2>&1 | tee "$OUT/demo.log"

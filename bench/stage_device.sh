@@ -12,4 +12,8 @@ cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
 # NCCL (218 MB) does not travel: the GPU machine's PyTorch wheel holds the same 2.28.9 the binaries
 # were built against (DEVICE.md); the device scripts put its folder first on the loader path.
 cp bench/device_check.sh .devbin/
+# The experiments of dev/ that are waiting for a GPU run (device_check.sh dev runs them).
+for probe in sm90_stream_probe sm90_decode_gemm; do
+  nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Isrc "dev/$probe.cu" -o ".devbin/$probe"
+done
 du -sh .devbin
