@@ -1,7 +1,9 @@
 /*
  * sm90_expert_gemm.cu -- the two expert GEMMs of SPEC §3-4 over the token tiles of every local
- * expert, on the tensor cores (mma.sync m16n8k16, f32 accumulation), weights streamed straight from
- * global memory into registers in the fragment order the finalize step packed (weight_layout.h):
+ * expert when the experts have few tokens (decode; sm90_expert_wgmma.cu takes many), on the tensor
+ * cores (mma.sync m16n8k16, f32 accumulation), with split-K when the tiles cannot fill the GPU;
+ * weights stream through a cp.async ring per warp in the fragment order the finalize step packed
+ * (weight_layout.h):
  *   gate/up: 128 weight rows (64 intermediate indices, gate and up interleaved by 8 so both land in
  *            one thread) x 64 tokens over K = H; epilogue in registers: s and alpha, clamp, SwiGLU,
  *            the static-a2 NVFP4 requant with the 16-block amax from 3 lane shuffles (or bf16);
@@ -11,8 +13,8 @@
  * lane (sign to bit 15, e1 e0 m to bits 11..9), one HMUL2 applies the E4M3 scale (converted by the
  * hardware), and every product is exact (KERNEL_NOTES §2; HMMA keeps f16 subnormals, measured).
  * The 2^14 goes back in the epilogue, where multiplying by a power of two is exact.
- * Activations are staged per 64-wide K chunk in shared memory (double-buffered) as exact f16
- * code * scale (NVFP4) or bf16.
+ * Activations are staged in shared memory (double-buffered) as exact f16 code * scale (NVFP4) or
+ * bf16, one 64-wide K step per block barrier, or four when the tile has at most 16 tokens.
  */
 #include "sm90_gemm_common.cuh"
 
