@@ -251,23 +251,31 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
                                        const mm_dev_weights *weights, int total_tokens, int force, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
     /* Single process: the host knows the group's token count and plans exactly as the kernels will.
-     * NCCL: it knows only its own count, a lower bound, so it launches the most splits the kernels
-     * may choose and the bound of tiles sized for T_max. */
+     * NCCL: it knows only its own count, a lower bound of the group's, so it launches the most splits
+     * the kernels may plan for any count from there up, the bound of tiles sized for T_max, and each
+     * GEMM kernel unless the bounds rule it out; the kernels keep what the group's count plans. */
     const bool nccl = sh.local_ranks < sh.R;
     const long slots = (long)total_tokens * sh.K;
     const int y_gate_up = 2 * sh.I / ROWS_PER_BLOCK, y_down = sh.H / ROWS_PER_BLOCK;
     const splitk_plan p1 = plan_splitk(slots, sh.E, y_gate_up, sh.H / BK), p2 = plan_splitk(slots, sh.E, y_down, sh.I / BK);
-    /* NCCL: launch the most splits the kernels could choose; the kernels keep what they plan. */
-    const int cap1 = (sh.H / BK) / 8 < 8 ? (sh.H / BK) / 8 : 8, cap2 = (sh.I / BK) / 8 < 8 ? (sh.I / BK) / 8 : 8;
-    const int sp1 = nccl ? (cap1 > 1 ? cap1 : 1) : p1.splits, sp2 = nccl ? (cap2 > 1 ? cap2 : 1) : p2.splits;
+    const int w1 = splitk_wanted(slots, sh.E, y_gate_up, sh.H / BK), w2 = splitk_wanted(slots, sh.E, y_down, sh.I / BK);
+    const int sp1 = nccl ? (w1 > 1 ? w1 : 1) : p1.splits, sp2 = nccl ? (w2 > 1 ? w2 : 1) : p2.splits;
     /* A rank has at most ws_tiles tiles: launching max_tiles (sized for T_max) would schedule
      * thousands of blocks that only read the tile count and exit, ~0.2 ms at T = 1. */
     const int tiles = nccl || L.max_tiles < p1.ws_tiles ? L.max_tiles : p1.ws_tiles;
     if (tiles <= 0) return MEGAMOE_OK;
     const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
-    /* Which kernel runs each phase: exactly as the kernels will decide in one process; with NCCL both
-     * are launched and the one the group's token count does not choose leaves at once. */
-    const int c1 = gemm_choice(force, slots, sh.E, p1.splits), c2 = gemm_choice(force, slots, sh.E, p2.splits);
+    /* Which kernel runs each phase: exactly as the kernels will decide in one process. With NCCL a
+     * kernel is launched unless ruled out (the other leaves at once): mma.sync when wgmma is certain
+     * (this rank's count already plans one split and reaches the threshold), wgmma when even every
+     * rank at T_max stays under the threshold. */
+    const long most = (long)sh.R * sh.T_max * sh.K;
+    const bool mma1 = nccl ? gemm_choice(force, slots, sh.E, w1 > 1 ? w1 : 1) == GEMM_MMA
+                           : gemm_choice(force, slots, sh.E, p1.splits) == GEMM_MMA;
+    const bool mma2 = nccl ? gemm_choice(force, slots, sh.E, w2 > 1 ? w2 : 1) == GEMM_MMA
+                           : gemm_choice(force, slots, sh.E, p2.splits) == GEMM_MMA;
+    const bool wg1 = nccl ? gemm_choice(force, most, sh.E, 1) == GEMM_WGMMA : !mma1;
+    const bool wg2 = nccl ? gemm_choice(force, most, sh.E, 1) == GEMM_WGMMA : !mma2;
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \
@@ -278,17 +286,17 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
         MM_CUDA_TRY(cudaGetLastError());                                                                      \
     } while (0)
     megamoe_status st = MEGAMOE_OK;
-    if (nccl || c1 == GEMM_MMA) {
+    if (mma1) {
         if (sh.nvfp4) MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
         else MM_LAUNCH(PHASE_GATE_UP, false, grid_gate_up, sp1);
     }
-    if (nccl || c1 == GEMM_WGMMA) st = sm90_expert_wgmma_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, force, s);
+    if (wg1) st = sm90_expert_wgmma_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, force, s);
     if (st != MEGAMOE_OK) return st;
-    if (nccl || c2 == GEMM_MMA) {
+    if (mma2) {
         if (sh.nvfp4) MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
         else MM_LAUNCH(PHASE_DOWN, false, grid_down, sp2);
     }
-    if (nccl || c2 == GEMM_WGMMA) st = sm90_expert_wgmma_launch(PHASE_DOWN, sh, L, peers, weights, tiles, force, s);
+    if (wg2) st = sm90_expert_wgmma_launch(PHASE_DOWN, sh, L, peers, weights, tiles, force, s);
     if (st != MEGAMOE_OK) return st;
 #undef MM_LAUNCH
     MM_CUDA_TRY(cudaGetLastError());

@@ -158,13 +158,20 @@ struct splitk_plan {
     int splits, ws_tiles;
 };
 
-__host__ __device__ inline splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
+/* The splits wanted before the plan's fallback to 1 (which only lowers them). They never grow with
+ * the token count, so at a rank's own count they bound what the group's count can plan. */
+__host__ __device__ inline int splitk_wanted(long slots, int E, int y, int nkc) {
     const int active = (int)(slots < E ? slots : E);
-    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
     const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
     int sp = (target + blocks - 1) / blocks;
     sp = sp < nkc / 8 ? sp : nkc / 8;
-    sp = sp < 8 ? sp : 8;
+    return sp < 8 ? sp : 8;
+}
+
+__host__ __device__ inline splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
+    const int active = (int)(slots < E ? slots : E);
+    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    int sp = splitk_wanted(slots, E, y, nkc);
     if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
     return {sp, ws_tiles};
 }
