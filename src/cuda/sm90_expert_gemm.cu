@@ -269,13 +269,10 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
      * kernel is launched unless ruled out (the other leaves at once): mma.sync when wgmma is certain
      * (this rank's count already plans one split and reaches the threshold), wgmma when even every
      * rank at T_max stays under the threshold. */
-    const long most = (long)sh.R * sh.T_max * sh.K;
-    const bool mma1 = nccl ? gemm_choice(force, slots, sh.E, w1 > 1 ? w1 : 1) == GEMM_MMA
-                           : gemm_choice(force, slots, sh.E, p1.splits) == GEMM_MMA;
-    const bool mma2 = nccl ? gemm_choice(force, slots, sh.E, w2 > 1 ? w2 : 1) == GEMM_MMA
-                           : gemm_choice(force, slots, sh.E, p2.splits) == GEMM_MMA;
-    const bool wg1 = nccl ? gemm_choice(force, most, sh.E, 1) == GEMM_WGMMA : !mma1;
-    const bool wg2 = nccl ? gemm_choice(force, most, sh.E, 1) == GEMM_WGMMA : !mma2;
+    const bool mma1 = gemm_choice(force, slots, sh.E, sp1) == GEMM_MMA;
+    const bool mma2 = gemm_choice(force, slots, sh.E, sp2) == GEMM_MMA;
+    const bool wgmma_possible = gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1) == GEMM_WGMMA;
+    const bool wg1 = nccl ? wgmma_possible : !mma1, wg2 = nccl ? wgmma_possible : !mma2;
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \
