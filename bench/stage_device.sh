@@ -14,6 +14,6 @@ cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
 cp bench/device_check.sh .devbin/
 # The experiments of dev/ that are waiting for a GPU run (device_check.sh dev runs them).
 for probe in sm90_stream_probe sm90_decode_gemm; do
-  nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Isrc "dev/$probe.cu" -o ".devbin/$probe"
+  nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Iinclude -Isrc -Isrc/cuda "dev/$probe.cu" -o ".devbin/$probe"
 done
 du -sh .devbin

@@ -12,7 +12,7 @@
  *     weight_layout.h) and the tokens' 128 B of activations (biased f16) per token; the ring runs on
  *     across items, so it never drains;
  *   - 4 consumer warps (2 groups of 16 rows each, as today) wait on the slot's mbarrier, decode with
- *     the same integer ops, mma.sync m16n8k16 for up to 8 tokens, release the slot by arriving on
+ *     the library's own decode (sm90_gemm_common.cuh), mma.sync m16n8k16 for up to 8 tokens, release the slot by arriving on
  *     its empty mbarrier; no block barrier anywhere;
  *   - partial sums of a K split go to the output with atomicAdd (fine for a probe: it measures speed;
  *     the library would keep its ordered split-K reduction).
@@ -20,78 +20,20 @@
  * times DSv3 gate/up (4096 x 7168) for 8 experts x 1 token (T = 1), 64 x 1 (T = 8) and 256 x 4
  * (T = 128), L2 flushed before each launch, in GB/s of weights against the 4276 GB/s copy ceiling.
  * Build and run on the GPU machine:
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Isrc dev/sm90_decode_gemm.cu -o /tmp/d && /tmp/d
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Iinclude -Isrc -Isrc/cuda dev/sm90_decode_gemm.cu -o /tmp/d && /tmp/d
  */
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-
-#include <cmath>
 #include <vector>
 
 #include "../src/weight_layout.c"
+#include "dev_util.cuh"
+#include "sm90_gemm_common.cuh" /* the library's fragment decode */
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);                    \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 constexpr int MAXTOK = 8;                     /* tokens per expert: one n-tile */
 constexpr int CODES = 4096, SCALES = 512;     /* one slab (8 groups) x one K step */
 constexpr int XROW = 144;                     /* 128 B of a token's K step + 16 B pad (no bank conflicts) */
 constexpr int SLOT = CODES + SCALES + MAXTOK * XROW;
 constexpr int STAGES = 8;
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
-
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
-    __half2 h = __hmul2(*reinterpret_cast<__half2 *>(&a), s);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* The A registers of k16 step s of one group: the library's decode (sm90_gemm_common.cuh). */
-__device__ __forceinline__ void decode_a(uint4 w, uint2 sf, int s, uint32_t *a) {
-    const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
-    const uint32_t a_form = word & 0x8E8E8E8Eu;
-    const uint32_t b_form = ((word << 7) & 0x80808080u) | ((word >> 3) & 0x0E0E0E0Eu);
-    const uint32_t sfw = (s < 2 ? sf.x : sf.y) >> (16 * (s & 1));
-    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sfw & 0xFFFFu), __NV_E4M3);
-    const __half2 s2 = *reinterpret_cast<const __half2 *>(&sr);
-    const __half2 s_g = __low2half2(s2), s_g8 = __high2half2(s2);
-    a[0] = hmul2_bits(__byte_perm(a_form, 0u, 0x1404), s_g);
-    a[1] = hmul2_bits(__byte_perm(a_form, 0u, 0x3424), s_g8);
-    a[2] = hmul2_bits(__byte_perm(b_form, 0u, 0x1404), s_g);
-    a[3] = hmul2_bits(__byte_perm(b_form, 0u, 0x3424), s_g8);
-}
 
 __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -161,11 +103,10 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
             const int slot = n % STAGES;
             mbar_wait(&full[slot], (n / STAGES) & 1);
             const uint8_t *src = ring + slot * SLOT;
-            uint4 w[2];
-            uint2 sf[2];
+            a_raw<true> w[2];
             for (int q = 0; q < 2; q++) { /* the warp's groups 2 warp + q of the slab */
-                w[q] = *(const uint4 *)(src + (2 * warp + q) * 512 + lane * 16);
-                sf[q] = *(const uint2 *)(src + CODES + (2 * warp + q) * 64 + g * 8);
+                w[q].w[0] = *(const uint4 *)(src + (2 * warp + q) * 512 + lane * 16);
+                w[q].sf = *(const uint2 *)(src + CODES + (2 * warp + q) * 64 + g * 8);
             }
             const uint8_t *xs = src + CODES + SCALES;
             uint32_t b[4][2];
@@ -178,7 +119,7 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
             for (int s = 0; s < 4; s++)
                 for (int q = 0; q < 2; q++) {
                     uint32_t a[4];
-                    decode_a(w[q], sf[q], s, a);
+                    decode_a<true>(w[q], s, a);
                     mma16816(acc[q], a, b[s][0], b[s][1]);
                 }
         }
@@ -189,15 +130,6 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
                 if (tok < p.ntok) atomicAdd(&p.out[((size_t)it.e * p.ntok + tok) * p.rows + row], acc[q][j] * 16384.0f);
             }
     }
-}
-
-static float e2m1(int code) {
-    const float v[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
-    return code & 8 ? -v[code & 7] : v[code & 7];
-}
-static float e4m3(int b) {
-    const int e = (b >> 3) & 15, m = b & 7;
-    return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
 }
 
 /* Fills n bytes with a hash of the index (lo..lo + span - 1 when span > 0). */

@@ -19,23 +19,11 @@
  * Build and run on the GPU machine:
  *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 dev/sm90_stream_probe.cu -o /tmp/s && /tmp/s
  */
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "dev_util.cuh"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);                    \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 constexpr int CODES = 4096, SCALES = 512; /* bytes of one block step (128 rows x 64 K) */
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* A block streams the runs blockIdx.x, blockIdx.x + gridDim.x, ... (runs of `steps` block steps,
  * contiguous in memory) back to back: one run per block when the grid has a block per run (like the
@@ -124,29 +112,6 @@ __global__ void __launch_bounds__(128) stream_regs(const uint8_t *codes, const u
 }
 
 /* ---- C: one bulk copy per block step, mbarriers -------------------------------------------------- */
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
-
 template <int S>
 __global__ void __launch_bounds__(160) stream_bulk(const uint8_t *codes, const uint8_t *scales, int runs,
                                                    int run_steps, uint32_t *sink) {

@@ -21,17 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "dev_util.cuh"
+
 #include <cmath>
 #include <vector>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);                    \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 constexpr int BR = 128;   /* weight rows per block (2 warpgroups x m64) */
 constexpr int BT = 128;   /* tokens per block (wgmma N) */
@@ -139,14 +133,6 @@ __global__ void __launch_bounds__(256) fp4_gemm(const uint8_t *codes, const uint
         }
 }
 
-static float e2m1(int code) {
-    const float v[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
-    return code & 8 ? -v[code & 7] : v[code & 7];
-}
-static float e4m3(int b) {
-    const int e = (b >> 3) & 15, m = b & 7;
-    return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
-}
 
 static double run(int rows, int K, int tokens, bool check, int iters) {
     std::vector<uint8_t> codes((size_t)rows * K / 2), sf((size_t)rows * K / 16);

@@ -16,18 +16,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "dev_util.cuh"
 #include <string.h>
 
 #include <cmath>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("%s: %s\n", #x, cudaGetErrorString(e_));                                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 constexpr int M = 64, N = 64, K = 16;
 
@@ -106,15 +100,6 @@ __global__ void probe_kernel(const __half *a, const __half *b, float *out, int m
         }
 }
 
-static float e2m1(int code) {
-    const float v[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
-    return code & 8 ? -v[code & 7] : v[code & 7];
-}
-
-static float e4m3(int b) {
-    const int e = (b >> 3) & 15, m = b & 7;
-    return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
-}
 
 static int run(const char *name, int mode, const float *af, const float *bf) {
     __half ha[M * K], hb[N * K];
