@@ -362,9 +362,10 @@ int main(int argc, char **argv) {
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
     const char *gemm = getenv("MEGAMOE_GEMM");
-    g_gemm_kernel = gemm && strcmp(gemm, "mma") == 0 ? 1 : gemm && strcmp(gemm, "wgmma") == 0 ? 2 : 0;
+    g_gemm_kernel = !gemm ? 0 : strcmp(gemm, "mma") == 0 ? 1 : strcmp(gemm, "wgmma") == 0 ? 2 : strcmp(gemm, "stream") == 0 ? 3 : 0;
     printf("expert GEMM kernels: %s\n", g_gemm_kernel == 1 ? "mma.sync (forced)"
                                        : g_gemm_kernel == 2 ? "wgmma (forced)"
+                                       : g_gemm_kernel == 3 ? "streaming for NVFP4, mma.sync for BF16 (forced)"
                                                             : "chosen per forward");
 #ifdef MEGAMOE_HAVE_NCCL
     ncclUniqueId id;

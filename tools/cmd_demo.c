@@ -238,7 +238,7 @@ int cmd_demo(int argc, char **argv) {
 static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
-    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma]\n"
+    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
     "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
@@ -249,7 +249,8 @@ static const char k_bench_help[] =
     "             per GPU, and each T is the tokens of every rank (the group runs N*T). Prints the\n"
     "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n"
     "  --gemm K   the GPU's expert GEMM kernel: auto (default: chosen per forward from the token\n"
-    "             count), mma (mma.sync, split-K) or wgmma (warpgroup MMA).\n";
+    "             count), mma (mma.sync, split-K), wgmma (warpgroup MMA) or stream (the NVFP4\n"
+    "             streaming kernel for few tokens per expert; BF16 layers take mma).\n";
 
 /* Fills n bytes fast from a seed (xorshift64*, 8 bytes a step). */
 static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
@@ -353,7 +354,11 @@ int cmd_bench(int argc, char **argv) {
         case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
         case 'G': ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
         case 'g':
-            gemm = strcmp(optarg, "auto") == 0 ? 0 : strcmp(optarg, "mma") == 0 ? 1 : strcmp(optarg, "wgmma") == 0 ? 2 : -1;
+            gemm = strcmp(optarg, "auto") == 0    ? 0
+                   : strcmp(optarg, "mma") == 0   ? 1
+                   : strcmp(optarg, "wgmma") == 0 ? 2
+                   : strcmp(optarg, "stream") == 0 ? 3
+                                                   : -1;
             ok = gemm >= 0;
             break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;

@@ -44,7 +44,8 @@ struct mm_cuda_layer {
     int num_allocs, cap_allocs;
     uint64_t resident_bytes;
     float *gamma;                  /* [H] or NULL */
-    uint8_t *host_error;           /* pinned: the error words of the last forward */
+    uint8_t *host_error;           /* mapped pinned: the error words of the last forward */
+    uint8_t *host_error_dev;       /* the same, as the device sees it */
     cudaStream_t last_stream;
 };
 
@@ -127,6 +128,8 @@ extern "C" megamoe_status mm_cuda_buffer_init(megamoe_group *g, mm_buffer *b) {
         uint8_t *base = (uint8_t *)b->rank_base[r];
         MM_CUDA_TRY(cudaMemset(base + L.splitk_counters, 0, MM_SPLITK_ENTRIES * sizeof(int)));
         MM_CUDA_TRY(cudaMemset(base + L.barrier, 0, ((size_t)g->world_size + 1) * 8));
+        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8)); /* no bad id yet; counts 0 */
+        MM_CUDA_TRY(cudaMemset(base + L.error + 8, 0, 8));
     }
     MM_CUDA_TRY(cudaDeviceSynchronize()); /* zero before any peer can see the buffer */
     return MEGAMOE_OK;
@@ -259,9 +262,12 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
         }
     }
     if (st == MEGAMOE_OK) {
-        cudaError_t err = cudaMallocHost((void **)&cl->host_error, 16);
-        if (err != cudaSuccess) st = mm_cuda_error(err, "cudaMallocHost(error words)", __FILE__, __LINE__);
-        else memset(cl->host_error, 0, 16);
+        cudaError_t err = cudaHostAlloc((void **)&cl->host_error, 16, cudaHostAllocMapped);
+        if (err == cudaSuccess) {
+            memset(cl->host_error, 0, 16);
+            err = cudaHostGetDevicePointer((void **)&cl->host_error_dev, cl->host_error, 0);
+        }
+        if (err != cudaSuccess) st = mm_cuda_error(err, "cudaHostAlloc(error words)", __FILE__, __LINE__);
     }
     if (st != MEGAMOE_OK) {
         /* Host copies already uploaded are gone: the layer cannot be finalized again. */
@@ -301,8 +307,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     uint8_t **base = (uint8_t **)l->buffer->rank_base;
     uint8_t *const *peers = (uint8_t *const *)l->buffer->peer_table;
     uint8_t *err = base[0];
-    MM_CUDA_TRY(cudaMemsetAsync(err + L.error, 0xFF, 8, s));
-    MM_CUDA_TRY(cudaMemsetAsync(err + L.error + 8, 0, 8, s));
+    /* The error words were reset by the last forward's combine (or at buffer creation). */
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
@@ -325,10 +330,11 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        st = sm90_combine_launch(sh, L, base[r], cl->gamma, a, s);
+        const bool last = r == g->local_ranks - 1;
+        st = sm90_combine_launch(sh, L, base[r], cl->gamma, a, last ? err + L.error : NULL,
+                                 last ? cl->host_error_dev : NULL, s);
         if (st) return st;
     }
-    MM_CUDA_TRY(cudaMemcpyAsync(cl->host_error, err + L.error, 16, cudaMemcpyDeviceToHost, s));
     return MEGAMOE_OK;
 }
 

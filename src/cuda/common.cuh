@@ -5,6 +5,8 @@
 #ifndef MEGAMOE_CUDA_COMMON_CUH
 #define MEGAMOE_CUDA_COMMON_CUH
 
+#include <utility>
+
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -56,6 +58,28 @@ struct mm_dev_rank_args {
         if (err_ != cudaSuccess) return mm_cuda_error(err_, #call, __FILE__, __LINE__);            \
     } while (0)
 
+/* Programmatic dependent launch: every kernel of a forward is launched so that it may be scheduled
+ * while the kernel before it drains (its launch latency hidden), and its first act is to wait for
+ * that kernel to finish and its writes to be visible. Completion chains, so waiting for the kernel
+ * just before waits for all earlier ones. Without a programmatic predecessor the wait returns at once. */
+__device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t mm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                    Args &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 /* The CUDA device of a device-backend group. */
 int mm_cuda_group_device(const megamoe_group *g);
 
@@ -77,8 +101,10 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
  * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word. */
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                    int timeout_ms, cudaStream_t s);
+/* err_words/host_err: given to the forward's last combine (the error words' hand-off), else NULL. */
 megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
-                                   const float *gamma, const mm_dev_rank_args &a, cudaStream_t s);
+                                   const float *gamma, const mm_dev_rank_args &a, uint8_t *err_words,
+                                   uint8_t *host_err, cudaStream_t s);
 
 /* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane): sign to bit 15,
  * e1 e0 m to bits 11..9 of each lane. Exact; the 2^-14 returns in the GEMM epilogues. */

@@ -15,6 +15,7 @@ __device__ __forceinline__ uint64_t global_ns() {
 }
 
 __global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, uint64_t timeout_ns) {
+    mm_wait_previous();
     const int me = sh.first_rank, lane = threadIdx.x;
     uint8_t *mine = peers[me];
     volatile uint64_t *epoch_p = (volatile uint64_t *)(mine + L.barrier);
@@ -44,7 +45,7 @@ __global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t
 
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                    int timeout_ms, cudaStream_t s) {
-    sm90_barrier_kernel<<<1, 32, 0, s>>>(sh, L, peers, (uint64_t)timeout_ms * 1000000ull);
+    MM_CUDA_TRY(mm_launch(sm90_barrier_kernel, 1, 32, 0, s, sh, L, peers, (uint64_t)timeout_ms * 1000000ull));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

@@ -3,11 +3,20 @@
  * in ascending slot order (SPEC §5), y = bf16_rn(sum_j w_j * (p_j * rms_j) * gamma). Padding tokens
  * get zeros, non-finite ones NaN. One block per token; each thread owns 4-float columns of every
  * slot row, so all of a token's loads are in flight at once.
+ * The last combine of a forward also hands the forward's error words (bad ids, a late peer) to the
+ * host through mapped pinned memory and resets them for the next forward, so a forward needs no
+ * memset or copy nodes around its kernels.
  */
 #include "common.cuh"
 
 __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base, const float *gamma,
-                                    mm_dev_rank_args a) {
+                                    mm_dev_rank_args a, uint8_t *err_words, uint8_t *host_err) {
+    mm_wait_previous();
+    if (host_err && blockIdx.x == 0 && threadIdx.x == 0) { /* every writer of the words has finished */
+        uint4 *words = (uint4 *)err_words;
+        *(uint4 *)host_err = *words;
+        *words = make_uint4(0xFFFFFFFFu, 0xFFFFFFFFu, 0u, 0u); /* first bad key: none; counts: 0 */
+    }
     __shared__ float partial[32][33]; /* [slot][warp] sums of squares */
     __shared__ float rms[32];
     const int t = blockIdx.x, K = sh.K, H = sh.H, H4 = H / 4;
@@ -73,11 +82,12 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
 }
 
 megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
-                                   const float *gamma, const mm_dev_rank_args &a, cudaStream_t s) {
-    if (a.T == 0) return MEGAMOE_OK;
+                                   const float *gamma, const mm_dev_rank_args &a, uint8_t *err_words,
+                                   uint8_t *host_err, cudaStream_t s) {
+    if (a.T == 0 && !host_err) return MEGAMOE_OK;
     /* A thread per 16 columns (448 for H = 7168): four 16-byte loads per slot row each. */
     const int n = sh.H / 16, threads = n < 64 ? 64 : n > 1024 ? 1024 : (n + 31) / 32 * 32;
-    sm90_combine_kernel<<<a.T, threads, 0, s>>>(sh, L, base, gamma, a);
+    MM_CUDA_TRY(mm_launch(sm90_combine_kernel, a.T > 0 ? a.T : 1, threads, 0, s, sh, L, base, gamma, a, err_words, host_err));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

@@ -89,11 +89,18 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs,
     }
 }
 
+/* Split-K workspace: per (row block, tile) entry, per split, the block's accumulators, value v of
+ * thread tid at v * threads + tid (coalesced). */
+__device__ __forceinline__ float *splitk_part(float *ws, size_t entry, int splits, int split, int v, int tid) {
+    return ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WARPS * 32) + (size_t)v * (WARPS * 32) + tid;
+}
+
 template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights,
                                                                        int grid_splits, int force) {
+    mm_wait_previous();
     __shared__ __align__(16) uint16_t Bs[2 * BN * LDB];
     extern __shared__ __align__(16) uint8_t a_ring[]; /* RING_BYTES for NVFP4, none for BF16 */
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E,
                                          PHASE == PHASE_GATE_UP ? 2 * sh.I / ROWS_PER_BLOCK : sh.H / ROWS_PER_BLOCK, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits) != GEMM_MMA) return; /* the wgmma kernel has it */
+    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4) != GEMM_MMA) return; /* another kernel has it */
     const int splits = SPLIT ? plan.splits : 1, ws_tiles = plan.ws_tiles;
     if (split >= splits) return;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits to finish adds the partial
@@ -207,7 +214,6 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
         __shared__ int is_last;
         const size_t entry = (size_t)blockIdx.y * ws_tiles + tile; /* < the workspace's entries */
         float *ws = (float *)(mine + L.splitk_ws);
-        float *mine_part = ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WARPS * 32);
         /* Only the n-tiles that hold tokens travel (a decode tile has one of eight). */
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++)
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                 if (i < ntiles_n)
 #pragma unroll
                     for (int j = 0; j < 4; j++)
-                        __stcg(mine_part + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid, acc[q][i * 4 + j]);
+                        __stcg(splitk_part(ws, entry, splits, split, (q * 8 + i) * 4 + j, tid), acc[q][i * 4 + j]);
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -234,10 +240,9 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                 if (i < ntiles_n)
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    const float *part = ws + ((q * 8 + i) * 4 + j) * (WARPS * 32) + tid;
-                    const size_t stride = (size_t)GROUPS_PER_WARP * 32 * WARPS * 32;
-                    float sum = __ldcg(part + entry * splits * stride); /* split 0 first: no 0 + (-0) */
-                    for (int sp = 1; sp < splits; sp++) sum += __ldcg(part + (entry * splits + sp) * stride);
+                    const int v = (q * 8 + i) * 4 + j;
+                    float sum = __ldcg(splitk_part(ws, entry, splits, 0, v, tid)); /* split 0 first: no 0 + (-0) */
+                    for (int sp = 1; sp < splits; sp++) sum += __ldcg(splitk_part(ws, entry, splits, sp, v, tid));
                     acc[q][i * 4 + j] = sum;
                 }
     }
@@ -266,34 +271,36 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     if (tiles <= 0) return MEGAMOE_OK;
     const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
     /* Which kernel runs each phase: exactly as the kernels will decide in one process. With NCCL a
-     * kernel is launched unless ruled out (the other leaves at once): mma.sync when wgmma is certain
-     * (this rank's count already plans one split and reaches the threshold), wgmma when even every
-     * rank at T_max stays under the threshold. */
-    const bool mma1 = gemm_choice(force, slots, sh.E, sp1) == GEMM_MMA;
-    const bool mma2 = gemm_choice(force, slots, sh.E, sp2) == GEMM_MMA;
-    const bool wgmma_possible = gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1) == GEMM_WGMMA;
-    const bool wg1 = nccl ? wgmma_possible : !mma1, wg2 = nccl ? wgmma_possible : !mma2;
+     * kernel is launched unless ruled out (the others leave at once): the few-token kernel (mma.sync,
+     * or the streaming kernel for NVFP4) when wgmma is certain (this rank's count already plans one
+     * split and reaches the threshold), wgmma when even every rank at T_max stays under it. */
+    const bool nv = sh.nvfp4 != 0;
+    const int k1 = gemm_choice(force, slots, sh.E, sp1, nv), k2 = gemm_choice(force, slots, sh.E, sp2, nv);
+    const bool wgmma_possible = gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv) == GEMM_WGMMA;
+    const bool wg1 = nccl ? wgmma_possible : k1 == GEMM_WGMMA, wg2 = nccl ? wgmma_possible : k2 == GEMM_WGMMA;
     /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
 #define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
     do {                                                                                                      \
         const int ring_ = (NV) ? RING_BYTES : 0;                                                              \
         if ((sp) > 1)                                                                                         \
-            sm90_expert_gemm_kernel<PH, NV, true><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, sp, force); \
-        else sm90_expert_gemm_kernel<PH, NV, false><<<grid, WARPS * 32, ring_, s>>>(sh, L, peers, weights, 1, force); \
+            MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, true>, grid, WARPS * 32, ring_, s, sh, L, peers, weights, (int)(sp), force)); \
+        else MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, false>, grid, WARPS * 32, ring_, s, sh, L, peers, weights, 1, force)); \
         MM_CUDA_TRY(cudaGetLastError());                                                                      \
     } while (0)
     megamoe_status st = MEGAMOE_OK;
-    if (mma1) {
-        if (sh.nvfp4) MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
+    if (k1 == GEMM_MMA) {
+        if (nv) MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
         else MM_LAUNCH(PHASE_GATE_UP, false, grid_gate_up, sp1);
     }
-    if (wg1) st = sm90_expert_wgmma_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, force, s);
+    if (k1 == GEMM_STREAM) st = sm90_expert_stream_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, slots, force, s);
+    if (st == MEGAMOE_OK && wg1) st = sm90_expert_wgmma_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, force, s);
     if (st != MEGAMOE_OK) return st;
-    if (mma2) {
-        if (sh.nvfp4) MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
+    if (k2 == GEMM_MMA) {
+        if (nv) MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
         else MM_LAUNCH(PHASE_DOWN, false, grid_down, sp2);
     }
-    if (wg2) st = sm90_expert_wgmma_launch(PHASE_DOWN, sh, L, peers, weights, tiles, force, s);
+    if (k2 == GEMM_STREAM) st = sm90_expert_stream_launch(PHASE_DOWN, sh, L, peers, weights, tiles, slots, force, s);
+    if (st == MEGAMOE_OK && wg2) st = sm90_expert_wgmma_launch(PHASE_DOWN, sh, L, peers, weights, tiles, force, s);
     if (st != MEGAMOE_OK) return st;
 #undef MM_LAUNCH
     MM_CUDA_TRY(cudaGetLastError());
@@ -312,6 +319,7 @@ static megamoe_status prepare_one() {
 
 megamoe_status sm90_expert_gemm_prepare() {
     megamoe_status st = sm90_expert_wgmma_prepare();
+    if (st == MEGAMOE_OK) st = sm90_expert_stream_prepare();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, false>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, true>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, false>();

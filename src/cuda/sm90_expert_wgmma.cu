@@ -90,6 +90,7 @@ template <int PHASE, bool NVFP4>
 __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                           uint8_t *const *peers,
                                                                           const mm_dev_weights *weights, int force) {
+    mm_wait_previous();
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int col_code[MM_TILE_TOKENS], col_src[MM_TILE_TOKENS], col_token[MM_TILE_TOKENS];
     __shared__ float col_scale[MM_TILE_TOKENS];
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits) != GEMM_WGMMA) return; /* the mma.sync kernel has it */
+    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4) != GEMM_WGMMA) return; /* another kernel has it */
 
     const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
     const int start = ((const int32_t *)(mine + L.tile_start))[tile];
@@ -206,11 +207,11 @@ megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const
     const dim3 grid(tiles, rows / WG_ROWS, sh.local_ranks);
     const int smem = wgmma_smem_bytes(sh.nvfp4 != 0);
     if (phase == PHASE_GATE_UP) {
-        if (sh.nvfp4) sm90_expert_wgmma_kernel<PHASE_GATE_UP, true><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
-        else sm90_expert_wgmma_kernel<PHASE_GATE_UP, false><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
+        if (sh.nvfp4) MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_GATE_UP, true>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
+        else MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_GATE_UP, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
     } else {
-        if (sh.nvfp4) sm90_expert_wgmma_kernel<PHASE_DOWN, true><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
-        else sm90_expert_wgmma_kernel<PHASE_DOWN, false><<<grid, WG_THREADS, smem, s>>>(sh, L, peers, weights, force);
+        if (sh.nvfp4) MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_DOWN, true>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
+        else MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_DOWN, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
     }
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;

@@ -188,10 +188,29 @@ __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layo
  * and no K split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16); a function of the global token count and the shape
  * only, like the split-K plan, so y does not depend on R or on the number of GPUs. `force` (from
  * megamoe_layer_config.gemm_kernel, for tests and benchmarks) overrides it for every rank. */
-enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2 };
-__host__ __device__ inline int gemm_choice(int force, long slots, int E, int splits) {
+enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3 };
+__host__ __device__ inline int gemm_choice(int force, long slots, int E, int splits, bool nvfp4) {
+    const int few = nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
     if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
-    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
+    if (force == GEMM_STREAM) return few;
+    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : few;
+}
+
+/* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of
+ * (tile, 128-row slab, K split); K is split until the items number about 4 per resident block (so
+ * the last items balance), each split keeping 8 or more K steps, at most 16 splits, and only while
+ * the partial sums ([splits, slabs, slots, 128] f32) fit the split-K workspace. Like plan_splitk, a
+ * function of the group's slot count and the shape only. */
+__host__ __device__ inline int plan_stream_splits(long slots, int E, int y, int nkc) {
+    const long active = slots < E ? slots : E;
+    if (active <= 0) return 1;
+    const long target = 4L * 4 * 132, items = active * y;
+    long sp = (target + items - 1) / items;
+    if (sp > nkc / 8) sp = nkc / 8;
+    if (sp > 16) sp = 16;
+    const long fit = (long)MM_SPLITK_ENTRIES * 64 / ((long)y * slots); /* workspace: ENTRIES x 128 x 64 f32 */
+    if (sp > fit) sp = fit;
+    return sp < 2 ? 1 : (int)sp;
 }
 
 /* The wgmma kernel of one phase over `tiles` token tiles of every local rank (host side). */
@@ -199,10 +218,15 @@ megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const
                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
                                         cudaStream_t s);
 megamoe_status sm90_expert_wgmma_prepare();
+/* The streaming kernel of one phase (NVFP4), a persistent grid over the tiles of every local rank. */
+megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
+                                         int force, cudaStream_t s);
+megamoe_status sm90_expert_stream_prepare();
 
 /* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows). */
-template <int PHASE, bool nvfp4>
-__device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][32], const mm_dev_shape &sh,
+template <int PHASE, bool nvfp4, int NT = 8>
+__device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                               const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
                                               const mm_dev_weights &W, int e, int first, int ncols, int ntiles_n,
                                               int wgroup, const int *col_code, const float *col_scale, int lane) {
@@ -215,7 +239,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         for (int q = 0; q < GROUPS_PER_WARP; q++) {
             const int row_base = (wgroup + q) * 16;
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
+            for (int nt = 0; nt < NT; nt++) {
                 if (nt >= ntiles_n) break;
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
@@ -236,12 +260,12 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         const int i_base = wgroup * 8;
         uint16_t *act = (uint16_t *)(mine + L.act);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
+        for (int nt = 0; nt < NT; nt++) {
             if (nt >= ntiles_n) break;
 #pragma unroll
             for (int half = 0; half < 2; half++) {
                 const int col = nt * 8 + 2 * c + half; /* uniform validity across the 8 lanes of a column */
-                const float s = col_scale[col < MM_TILE_TOKENS ? col : 0];
+                const float s = col_scale[col];
                 float a[GROUPS_PER_WARP];
                 float amax = 0.0f;
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {

@@ -26,6 +26,7 @@ __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L,
 }
 
 __global__ void sm90_route_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
     const int e = blockIdx.x, r = sh.first_rank + blockIdx.y, expert = r * sh.E_r + e;
     int count = 0;
     for_each_slot(sh, L, peers, expert, [&](int, bool match) { count += __syncthreads_count(match); });
@@ -56,6 +57,7 @@ __device__ int block_exclusive_scan(int v, int *total) {
 /* Expert offsets and the tile list, in expert order: one block per rank, experts in chunks of
  * blockDim.x with a block-wide scan (a single thread walking 256 experts cost ~0.1 ms). */
 __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
     uint8_t *b = peers[sh.first_rank + blockIdx.x];
     const int32_t *count = (const int32_t *)(b + L.expert_count);
     int32_t *offset = (int32_t *)(b + L.expert_offset);
@@ -84,6 +86,7 @@ __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
 }
 
 __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
     __shared__ int warp_counts[32];
     const int e = blockIdx.x, r = sh.first_rank + blockIdx.y, expert = r * sh.E_r + e;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -108,11 +111,11 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
                                  cudaStream_t s) {
     const int local_ranks = sh.local_ranks;
     const dim3 grid(sh.E_r, local_ranks);
-    sm90_route_count_kernel<<<grid, 256, 0, s>>>(sh, L, peers);
+    MM_CUDA_TRY(mm_launch(sm90_route_count_kernel, grid, 256, 0, s, sh, L, peers));
     MM_CUDA_TRY(cudaGetLastError());
-    sm90_route_tiles_kernel<<<local_ranks, 256, 0, s>>>(sh, L, peers);
+    MM_CUDA_TRY(mm_launch(sm90_route_tiles_kernel, local_ranks, 256, 0, s, sh, L, peers));
     MM_CUDA_TRY(cudaGetLastError());
-    sm90_route_fill_kernel<<<grid, 256, 0, s>>>(sh, L, peers);
+    MM_CUDA_TRY(mm_launch(sm90_route_fill_kernel, grid, 256, 0, s, sh, L, peers));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

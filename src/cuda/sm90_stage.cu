@@ -8,6 +8,7 @@
 
 __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base, int rank,
                                   mm_dev_rank_args a) {
+    mm_wait_previous();
     __shared__ float scratch[32];
     const int t = blockIdx.x, K = sh.K, H = sh.H;
     if (t == 0 && threadIdx.x == 0) *(int32_t *)(base + L.num_tokens) = a.T;
@@ -90,7 +91,7 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
     /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
     const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
-    sm90_stage_kernel<<<blocks, threads, 0, s>>>(sh, L, base, err_base, rank, a);
+    MM_CUDA_TRY(mm_launch(sm90_stage_kernel, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

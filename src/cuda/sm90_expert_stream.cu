@@ -1,0 +1,386 @@
+/*
+ * sm90_expert_stream.cu -- the two NVFP4 expert GEMMs when the experts have few tokens (decode),
+ * where the forward is bound by streaming the weights from HBM. A persistent grid (4 blocks per SM)
+ * walks work items (rank, token tile, 128-row slab, K split); in each block
+ *   - one producer warp issues, per K step, one bulk copy (cp.async.bulk, TMA 1D) of the slab's
+ *     4096 B of codes, one of its 512 B of scales (each one contiguous run of the kernel layout,
+ *     weight_layout.h) and one of 128 B per token of the activations, into a ring of 8 slots
+ *     completed by mbarriers; the ring runs on across items, so it never drains;
+ *   - four consumer warps (32 rows each, as in sm90_expert_gemm.cu) wait on a slot, copy it into
+ *     registers, release it, decode and issue mma.sync m16n8k16; no block barrier anywhere.
+ * A token tile of the routing (64 tokens) is taken 16 tokens at a time ("chunks"; decode tiles
+ * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
+ * a header (steps, tokens, rows, expert, slab, split) and per token its slot code and scale in the
+ * row's padding, so the consumers never wait for the routing tables.
+ * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only; the
+ * consumer warps store their partial sums and go on (a last-arriver test, with its fence and
+ * returning atomic, stalled them ~2 us per item: Mixtral T=8 ran at 1.6 TB/s); a small kernel
+ * after each phase adds them in split order (deterministic) and runs the shared epilogue. So y
+ * stays bitwise independent of R and of the number of GPUs.
+ * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
+ * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
+ */
+#include "sm90_gemm_common.cuh"
+
+#define ST_WARPS 4                   /* consumer warps; one producer warp more */
+#define ST_THREADS ((ST_WARPS + 1) * 32)
+#define ST_COLS 16                   /* tokens per chunk */
+#define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
+#define ST_SCALES 512                /*                8 groups x 64 B of scales */
+#define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
+#define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
+#define ST_STAGES 8
+#define ST_SMEM (ST_STAGES * ST_SLOT)
+#define ST_BLOCKS_PER_SM 4
+#define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
+
+static_assert(ST_XROW % 16 == 0 && (ST_XROW / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
+static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "4 blocks fit an SM's shared memory (static + 1 KB reserved each)");
+
+__device__ __forceinline__ uint32_t st_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void st_mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(st_smem(b)), "r"(count));
+}
+__device__ __forceinline__ void st_mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(st_smem(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void st_mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(st_smem(b)) : "memory");
+}
+__device__ __forceinline__ void st_mbar_wait(uint64_t *b, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(st_smem(b)),
+                 "r"(parity)
+                 : "memory");
+}
+/* bytes (a multiple of 16, 16-byte aligned) from global to shared memory, counted on the mbarrier. */
+__device__ __forceinline__ void st_bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     st_smem(dst)),
+                 "l"(src), "r"(bytes), "r"(st_smem(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Split-K partial sums: [split][slab][row of the rank's slots][128 rows of the slab] f32 in the
+ * split-K workspace (plan_stream_splits keeps them inside it). */
+__device__ __forceinline__ float *st_partial(float *ws, int Y, long slots, int split, int y, int slot_row, int row) {
+    return ws + (((size_t)split * Y + y) * slots + slot_row) * 128 + row;
+}
+
+/* What the producer tells the consumers with the first step of a chunk (steps == 0: no more work). */
+struct st_header {
+    int steps, ncols, first, e; /* K steps; tokens (<= 16); their first row of slots / act; expert */
+    int y, split, r, pad;       /* slab; K split; local rank                                      */
+};
+
+struct st_params {
+    int Y, nkc, splits, items;
+    long slots;
+};
+
+/* Work item i (< items) -> local rank, tile, slab, split; split fastest, so neighbouring blocks
+ * stream neighbouring runs of one slab. */
+__device__ __forceinline__ void st_item(int i, const int *base, int local_ranks, const st_params &p, int &r,
+                                        int &tile, int &y, int &split) {
+    r = 0;
+    while (r + 1 < local_ranks && i >= base[r + 1]) r++;
+    const int local = i - base[r];
+    split = local % p.splits;
+    y = (local / p.splits) % p.Y;
+    tile = local / (p.splits * p.Y);
+}
+
+template <int PHASE>
+__device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                           const mm_dev_weights *weights, const st_params &p, const int *base,
+                                           uint8_t *ring, uint64_t *full, uint64_t *empty, st_header *hdr) {
+    const int lane = threadIdx.x & 31;
+    const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
+    int n = 0; /* steps issued */
+    auto take_slot = [&](int slot) {
+        if (n >= ST_STAGES && lane == 0) st_mbar_wait(&empty[slot], ((n / ST_STAGES) - 1) & 1);
+        __syncwarp();
+    };
+    for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
+        int r, tile, y, split;
+        st_item(i, base, sh.local_ranks, p, r, tile, y, split);
+        uint8_t *mine = peers[sh.first_rank + r];
+        const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
+        const int start = ((const int32_t *)(mine + L.tile_start))[tile];
+        const int count = ((const int32_t *)(mine + L.expert_count))[e];
+        const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start;
+        const int ncols = min(MM_TILE_TOKENS, count - start);
+        const int kc0 = split * p.nkc / p.splits, kc1 = (split + 1) * p.nkc / p.splits;
+        const mm_dev_weights W = weights[r];
+        const size_t unit0 = (size_t)mm_layout_unit((int64_t)e * groups_per_expert + 8 * y, 0, p.nkc);
+        const uint8_t *codes = (PHASE == PHASE_GATE_UP ? W.w13 : W.w2) + unit0 * 512;
+        const uint8_t *sfs = (PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf) + unit0 * 64;
+        for (int chunk = 0; chunk * ST_COLS < ncols; chunk++) {
+            const int nc = min(ST_COLS, ncols - chunk * ST_COLS), row0 = first + chunk * ST_COLS;
+            /* Lane t < nc: token t's activation row, slot code and (gate/up) activation scale. */
+            const uint8_t *xsrc = NULL;
+            int code = -1;
+            float scale = 1.0f;
+            if (lane < nc) {
+                code = ((const int32_t *)(mine + L.slots))[row0 + lane];
+                if (PHASE == PHASE_DOWN) {
+                    xsrc = mine + L.act + (size_t)(row0 + lane) * sh.I * 2;
+                } else {
+                    const slot_info si = decode_slot(sh, code);
+                    xsrc = peers[si.src] + L.x_f16 + (size_t)si.token * sh.H * 2;
+                    scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
+                }
+            }
+            const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128;
+            for (int kc = kc0; kc < kc1; kc++, n++) {
+                const int slot = n % ST_STAGES;
+                take_slot(slot);
+                uint8_t *dst = ring + slot * ST_SLOT;
+                if (kc == kc0) {
+                    if (lane < ST_COLS) {
+                        *(int *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 128) = code;
+                        *(float *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 132) = scale;
+                    }
+                    if (lane == 0)
+                        hdr[slot] = {kc1 - kc0, nc, row0, e, y, split, r, 0};
+                    __syncwarp(); /* the header is written before lane 0 arrives (release) */
+                }
+                if (lane == 0) {
+                    st_mbar_expect_tx(&full[slot], bytes);
+                    st_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
+                    st_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
+                }
+                __syncwarp(); /* expect_tx before any completion */
+                if (lane < nc)
+                    st_bulk_copy(dst + ST_CODES + ST_SCALES + lane * ST_XROW, xsrc + (size_t)kc * 128, 128, &full[slot]);
+            }
+        }
+    }
+    const int slot = n % ST_STAGES; /* the end marker */
+    take_slot(slot);
+    if (lane == 0) {
+        hdr[slot].steps = 0;
+        st_mbar_arrive(&full[slot]);
+    }
+}
+
+/* One consumer warp's K steps of one chunk of NT n-tiles (8 tokens each), then split-K and the
+ * epilogue. n: the block's step count, advanced past the chunk. */
+template <int PHASE, int NT>
+__device__ __forceinline__ void st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                                 uint8_t *const *peers, const mm_dev_weights *weights,
+                                                 const st_params &p, const st_header &h, uint8_t *ring,
+                                                 uint64_t *full, uint64_t *empty, const int *col_code,
+                                                 const float *col_scale, int &n) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    float acc[GROUPS_PER_WARP][NT * 4];
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
+    for (int step = 0; step < h.steps; step++, n++) {
+        const int slot = n % ST_STAGES;
+        st_mbar_wait(&full[slot], (n / ST_STAGES) & 1);
+        const uint8_t *src = ring + slot * ST_SLOT;
+        a_raw<true> w[GROUPS_PER_WARP];
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) { /* the warp's groups 2 warp + q of the slab */
+            w[q].w[0] = *(const uint4 *)(src + (GROUPS_PER_WARP * warp + q) * 512 + lane * 16);
+            w[q].sf = *(const uint2 *)(src + ST_CODES + (GROUPS_PER_WARP * warp + q) * 64 + g * 8);
+        }
+        uint32_t b[4][NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int tok = nt * 8 + g; /* rows past the chunk's tokens hold stale data: zeros instead */
+            const uint8_t *row = src + ST_CODES + ST_SCALES + tok * ST_XROW + 4 * c;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                b[s][nt][0] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s) : 0u;
+                b[s][nt][1] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s + 16) : 0u;
+            }
+        }
+        __syncwarp();
+        if (lane == 0) st_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                uint32_t a[4];
+                decode_a<true>(w[q], s, a);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) st_mma(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
+            }
+    }
+
+    uint8_t *mine = peers[sh.first_rank + h.r];
+    if (p.splits > 1) { /* partial sums out, not waited for; sm90_expert_stream_finish adds them */
+        float *ws = (float *)(mine + L.splitk_ws);
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < NT * 4; i++) {
+                const int col = (i >> 2) * 8 + 2 * c + (i & 1);
+                const int row = 16 * (GROUPS_PER_WARP * warp + q) + g + 8 * ((i & 3) >> 1);
+                if (col < h.ncols) __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
+            }
+        return;
+    }
+    gemm_epilogue<PHASE, true, NT>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
+                                   8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+}
+
+template <int PHASE>
+__global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
+    sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                              const mm_dev_weights *weights, int force) {
+    mm_wait_previous();
+    extern __shared__ __align__(128) uint8_t ring[];
+    __shared__ __align__(8) uint64_t full[ST_STAGES], empty[ST_STAGES];
+    __shared__ st_header hdr[ST_STAGES];
+    __shared__ int base[ST_MAX_LOCAL + 1];
+    __shared__ int col_code[ST_WARPS][ST_COLS];
+    __shared__ float col_scale[ST_WARPS][ST_COLS];
+
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, Y = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
+    st_params p;
+    p.Y = Y;
+    p.nkc = Kdim / BK;
+    p.slots = global_slots(sh, L, peers);
+    if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true) != GEMM_STREAM) return;
+    p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ST_STAGES; i++) st_mbar_init(&full[i], 1), st_mbar_init(&empty[i], ST_WARPS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        base[0] = 0;
+        for (int r = 0; r < sh.local_ranks; r++)
+            base[r + 1] = base[r] + *(const int32_t *)(peers[sh.first_rank + r] + L.num_tiles) * Y * p.splits;
+    }
+    __syncthreads();
+    p.items = base[sh.local_ranks];
+    if ((int)blockIdx.x >= p.items) return;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp == ST_WARPS) {
+        st_produce<PHASE>(sh, L, peers, weights, p, base, ring, full, empty, hdr);
+        return;
+    }
+    int n = 0; /* steps consumed */
+    for (;;) {
+        const int slot = n % ST_STAGES;
+        st_mbar_wait(&full[slot], (n / ST_STAGES) & 1);
+        const st_header h = hdr[slot];
+        if (h.steps == 0) break;
+        if (lane < ST_COLS) {
+            const uint8_t *pad = ring + slot * ST_SLOT + ST_CODES + ST_SCALES + lane * ST_XROW + 128;
+            col_code[warp][lane] = *(const int *)pad;
+            col_scale[warp][lane] = *(const float *)(pad + 4);
+        }
+        __syncwarp();
+        if (h.ncols > 8)
+            st_consume_chunk<PHASE, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+        else
+            st_consume_chunk<PHASE, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+        __syncwarp(); /* the column table is read before the next chunk rewrites it */
+    }
+}
+
+/* After a split phase: the partial sums of each (tile, 16-token chunk, slab) added in split order
+ * (deterministic), then the phase's epilogue, by 4 warps of 32 rows as in the streaming kernel.
+ * Grid (tiles, slabs, local ranks x 4 chunks); blocks past the forward's work leave at once. */
+template <int PHASE>
+__global__ void __launch_bounds__(ST_WARPS * 32) sm90_expert_stream_finish(mm_dev_shape sh, mm_buffer_layout L,
+                                                                           uint8_t *const *peers,
+                                                                           const mm_dev_weights *weights, int force) {
+    mm_wait_previous();
+    __shared__ int col_code[ST_COLS];
+    __shared__ float col_scale[ST_COLS];
+    const int Y = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (PHASE == PHASE_GATE_UP ? sh.H : sh.I) / BK;
+    const long slots = global_slots(sh, L, peers);
+    if (gemm_choice(force, slots, sh.E, plan_splitk(slots, sh.E, Y, nkc).splits, true) != GEMM_STREAM) return;
+    const int splits = plan_stream_splits(slots, sh.E, Y, nkc);
+    if (splits < 2) return; /* the streaming kernel ran the epilogue */
+    const int r = blockIdx.z / 4, chunk = blockIdx.z % 4, tile = blockIdx.x, y = blockIdx.y;
+    uint8_t *mine = peers[sh.first_rank + r];
+    if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
+    const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
+    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
+    const int count = ((const int32_t *)(mine + L.expert_count))[e];
+    const int nc = min(ST_COLS, min(MM_TILE_TOKENS, count - start) - chunk * ST_COLS);
+    if (nc <= 0) return;
+    const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start + chunk * ST_COLS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    if (threadIdx.x < ST_COLS) {
+        const int code = (int)threadIdx.x < nc ? ((const int32_t *)(mine + L.slots))[first + threadIdx.x] : -1;
+        float scale = 1.0f;
+        if (PHASE == PHASE_GATE_UP && code >= 0) {
+            const slot_info si = decode_slot(sh, code);
+            scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
+        }
+        col_code[threadIdx.x] = code;
+        col_scale[threadIdx.x] = scale;
+    }
+    __syncthreads();
+    float *ws = (float *)(mine + L.splitk_ws);
+    float acc[GROUPS_PER_WARP][8];
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int col = (i >> 2) * 8 + 2 * c + (i & 1);
+            const int row = 16 * (GROUPS_PER_WARP * warp + q) + g + 8 * ((i & 3) >> 1);
+            float sum = 0.0f;
+            if (col < nc) {
+                sum = __ldcg(st_partial(ws, Y, slots, 0, y, first + col, row)); /* split 0 first: no 0 + (-0) */
+                for (int sp = 1; sp < splits; sp++) sum += __ldcg(st_partial(ws, Y, slots, sp, y, first + col, row));
+            }
+            acc[q][i] = sum;
+        }
+    gemm_epilogue<PHASE, true, 2>(acc, sh, L, peers, mine, weights[r], e, first, nc, (nc + 7) / 8,
+                                  8 * y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+}
+
+megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
+                                         int force, cudaStream_t s) {
+    if (sh.local_ranks > ST_MAX_LOCAL) return MEGAMOE_ERR_UNSUPPORTED; /* refused at group creation */
+    int device = 0, sms = 0;
+    MM_CUDA_TRY(cudaGetDevice(&device));
+    MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    /* A persistent grid; the items of a forward are known on the device only, bounded here. */
+    const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
+    const long bound = (long)sh.local_ranks * tiles * Y * 16;
+    const int grid = (int)(bound < (long)ST_BLOCKS_PER_SM * sms ? bound : (long)ST_BLOCKS_PER_SM * sms);
+    if (grid <= 0) return MEGAMOE_OK;
+    /* The finish kernel only when the plan splits (the host knows the group's count in one process;
+     * with NCCL it launches it and the kernel decides). */
+    const int nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
+    const bool finish = sh.local_ranks < sh.R || plan_stream_splits(slots, sh.E, Y, nkc) > 1;
+    const dim3 fgrid(tiles, Y, sh.local_ranks * 4);
+    if (phase == PHASE_GATE_UP) {
+        MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_GATE_UP>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
+        if (finish) MM_CUDA_TRY(mm_launch(sm90_expert_stream_finish<PHASE_GATE_UP>, fgrid, ST_WARPS * 32, 0, s, sh, L, peers, weights, force));
+    } else {
+        MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_DOWN>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
+        if (finish) MM_CUDA_TRY(mm_launch(sm90_expert_stream_finish<PHASE_DOWN>, fgrid, ST_WARPS * 32, 0, s, sh, L, peers, weights, force));
+    }
+    MM_CUDA_TRY(cudaGetLastError());
+    return MEGAMOE_OK;
+}
+
+megamoe_status sm90_expert_stream_prepare() {
+    const void *f[2] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN>};
+    for (const void *k : f) {
+        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, ST_SMEM));
+        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    }
+    return MEGAMOE_OK;
+}
