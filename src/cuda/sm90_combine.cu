@@ -29,17 +29,23 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
         for (int i = threadIdx.x; i < H / 8; i += blockDim.x) ((uint4 *)y)[i] = make_uint4(fill, fill, fill, fill);
         return;
     }
-    const int32_t *ids = (const int32_t *)(base + L.topk_ids) + (size_t)t * K;
-    const float *w = (const float *)(base + L.topk_weights) + (size_t)t * K;
+    /* The slots' ids and weights first, so the loads of p below do not wait on them one by one. */
+    __shared__ int live[32];
+    __shared__ float wt[32];
+    if (threadIdx.x < K) {
+        const int id = ((const int32_t *)(base + L.topk_ids))[(size_t)t * K + threadIdx.x];
+        live[threadIdx.x] = id >= 0 && id < sh.E;
+        wt[threadIdx.x] = ((const float *)(base + L.topk_weights))[(size_t)t * K + threadIdx.x];
+    }
+    __syncthreads();
     const float4 *p = (const float4 *)((const float *)(base + L.p) + (size_t)t * K * H); /* [K, H/4] */
     if (gamma) {
         /* Sums of squares: per thread in column order, per warp by shuffles, then per slot over the
          * warps in warp order (one barrier for all slots). */
-#pragma unroll 4
+#pragma unroll 8
         for (int k = 0; k < K; k++) {
-            const int id = ids[k];
             float ss = 0.0f;
-            if (id >= 0 && id < sh.E)
+            if (live[k])
                 for (int i = threadIdx.x; i < H4; i += blockDim.x) {
                     const float4 v = p[(size_t)k * H4 + i];
                     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
@@ -60,13 +66,12 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const float4 gv = gamma ? g4[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
         const float gm[4] = {gv.x, gv.y, gv.z, gv.w};
-#pragma unroll 4
+#pragma unroll 8
         for (int k = 0; k < K; k++) {
-            const int id = ids[k];
-            if (id < 0 || id >= sh.E) continue;
+            if (!live[k]) continue;
             const float4 v = p[(size_t)k * H4 + i];
             const float pv[4] = {v.x, v.y, v.z, v.w};
-            const float wk = w[k];
+            const float wk = wt[k];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 float pk = pv[j];

@@ -184,16 +184,20 @@ __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layo
 }
 
 
-/* Which kernel runs the expert GEMMs of a forward: wgmma when the experts average 4 tokens or more
- * and no K split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16); a function of the global token count and the shape
- * only, like the split-K plan, so y does not depend on R or on the number of GPUs. `force` (from
- * megamoe_layer_config.gemm_kernel, for tests and benchmarks) overrides it for every rank. */
+/* Which kernel runs the expert GEMMs of a forward: for NVFP4 the streaming kernel up to 8 tokens per
+ * expert on average, wgmma above; for BF16 wgmma when the experts average 4 tokens or more and no K
+ * split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16), mma.sync below.
+ * A function of the global token count and the shape only, like the split-K plans, so y does not
+ * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
+ * and benchmarks) overrides it for every rank. */
 enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3 };
 __host__ __device__ inline int gemm_choice(int force, long slots, int E, int splits, bool nvfp4) {
-    const int few = nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
     if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
-    if (force == GEMM_STREAM) return few;
-    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : few;
+    if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
+    /* NVFP4: streaming up to 8 tokens per expert on average (measured 2026-11-29, H200: at 4-8 it
+     * beats wgmma by 8-27%, at 16 and 32 it loses by 30-55%). */
+    if (nvfp4) return slots <= 8L * E ? GEMM_STREAM : GEMM_WGMMA;
+    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
 }
 
 /* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of
