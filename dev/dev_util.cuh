@@ -1,6 +1,7 @@
 /*
- * dev_util.cuh -- what the experiments of dev/ share: checked CUDA calls, the mbarrier and bulk-copy
- * (TMA 1D) primitives, and exact host decoders of E2M1 and E4M3 for double references.
+ * dev_util.cuh -- what the experiments of dev/ share: checked CUDA calls, the library's mbarrier and
+ * bulk-copy (TMA 1D) primitives (src/cuda/sm90_async.cuh), and exact host decoders of E2M1 and E4M3
+ * for double references.
  * Not part of the library.
  */
 #ifndef MEGAMOE_DEV_UTIL_CUH
@@ -13,6 +14,8 @@
 
 #include <cmath>
 
+#include "sm90_async.cuh" /* the library's mbarrier and bulk-copy primitives (build with -Isrc/cuda) */
+
 #define CK(x)                                                                                      \
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
@@ -21,32 +24,6 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
-/* bytes (a multiple of 16) from global to shared memory; completion counted on the mbarrier. */
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
 
 static inline float e2m1(int code) {
     const float v[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};

@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int items = p.experts * (p.rows / 128) * p.splits, nkc = p.K / 64;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; i++) mbar_init(&full[i], 1), mbar_init(&empty[i], 4);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < STAGES; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], 4);
+        mm_mbar_init_fence();
     }
     __syncthreads();
     const size_t matrix = (size_t)p.rows * p.K / 2, matrix_sf = (size_t)p.rows * p.K / 16;
@@ -82,14 +82,14 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
             const item it = item_of(p, i);
             for (int kc = it.k0; kc < it.k1; kc++, n++) {
                 const int slot = n % STAGES;
-                if (n >= STAGES) mbar_wait(&empty[slot], ((n / STAGES) - 1) & 1);
+                if (n >= STAGES) mm_mbar_wait_parity(&empty[slot], ((n / STAGES) - 1) & 1);
                 uint8_t *dst = ring + slot * SLOT;
-                mbar_expect_tx(&full[slot], CODES + SCALES + p.ntok * 128);
+                mm_mbar_expect_tx(&full[slot], CODES + SCALES + p.ntok * 128);
                 const size_t unit = (size_t)it.slab * nkc + kc; /* the slab's step: 8 units side by side */
-                bulk_copy(dst, p.codes + it.e * matrix + unit * CODES, CODES, &full[slot]);
-                bulk_copy(dst + CODES, p.sf + it.e * matrix_sf + unit * SCALES, SCALES, &full[slot]);
+                mm_bulk_copy(dst, p.codes + it.e * matrix + unit * CODES, CODES, &full[slot]);
+                mm_bulk_copy(dst + CODES, p.sf + it.e * matrix_sf + unit * SCALES, SCALES, &full[slot]);
                 for (int t = 0; t < p.ntok; t++)
-                    bulk_copy(dst + CODES + SCALES + t * XROW, p.x + ((size_t)it.e * p.ntok + t) * p.K + kc * 64, 128,
+                    mm_bulk_copy(dst + CODES + SCALES + t * XROW, p.x + ((size_t)it.e * p.ntok + t) * p.K + kc * 64, 128,
                               &full[slot]);
             }
         }
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
         float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
         for (int kc = it.k0; kc < it.k1; kc++, n++) {
             const int slot = n % STAGES;
-            mbar_wait(&full[slot], (n / STAGES) & 1);
+            mm_mbar_wait_parity(&full[slot], (n / STAGES) & 1);
             const uint8_t *src = ring + slot * SLOT;
             a_raw<true> w[2];
             for (int q = 0; q < 2; q++) { /* the warp's groups 2 warp + q of the slab */
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
                 b[s][1] = g < p.ntok ? *(const uint32_t *)(xs + g * XROW + (16 * s + 2 * c + 8) * 2) : 0u;
             }
             __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[slot]); /* this warp is done with the slot */
+            if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
             for (int s = 0; s < 4; s++)
                 for (int q = 0; q < 2; q++) {
                     uint32_t a[4];

@@ -12,7 +12,7 @@
  *      state its arrival returned (as cuda::barrier does), lane 0 for its warp, then __syncwarp;
  *   5: as 4 with every lane arriving and waiting.
  * Build and run on the GPU machine:
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 dev/sm90_racecheck_probe.cu -o /tmp/r
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Isrc/cuda dev/sm90_racecheck_probe.cu -o /tmp/r
  *   for m in 0 1 2; do compute-sanitizer --tool racecheck /tmp/r $m; done
  */
 #include <cuda/barrier>
@@ -22,93 +22,57 @@
 
 constexpr int SLOTS = 2, ROUNDS = 16, WORDS = 256;
 
-__global__ void ptx_handoff(const uint32_t *src, uint32_t *out, int bulk) {
+/* waiters = 0: consumers wait on the phase parity without arriving (modes 0, 1); 1: lane 0 of each
+ * waiting warp arrives and waits on its arrival's state, then __syncwarp (3, 4); 32: every lane
+ * does (5). bulk: the producer fills a slot with one bulk copy instead of 32 lanes' stores. */
+__global__ void handoff(const uint32_t *src, uint32_t *out, int bulk, int waiters) {
     __shared__ __align__(128) uint32_t ring[SLOTS][WORDS];
     __shared__ __align__(8) uint64_t full[SLOTS], empty[SLOTS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < SLOTS; i++) mbar_init(&full[i], 1), mbar_init(&empty[i], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < SLOTS; i++)
+            mm_mbar_init(&full[i], 1 + waiters), mm_mbar_init(&empty[i], waiters ? waiters + 1 : 1);
+        mm_mbar_init_fence();
     }
     __syncthreads();
-    if (warp == 0) { /* producer */
+    const bool me = lane < waiters; /* this lane arrives on what it waits for */
+    auto wait = [&](uint64_t *b, int parity) {
+        if (!waiters) {
+            mm_mbar_wait_parity(b, parity);
+        } else {
+            if (me) mm_mbar_wait_state(b, mm_mbar_arrive_state(b));
+            __syncwarp();
+        }
+    };
+    if (warp == 0) { /* producer; with waiters, lane 0 works the barriers */
         for (int n = 0; n < ROUNDS; n++) {
             const int s = n % SLOTS;
-            if (n >= SLOTS) mbar_wait(&empty[s], ((n / SLOTS) - 1) & 1);
+            if (n >= SLOTS) {
+                if (!waiters) mm_mbar_wait_parity(&empty[s], ((n / SLOTS) - 1) & 1);
+                else {
+                    if (lane == 0) mm_mbar_wait_state(&empty[s], mm_mbar_arrive_state(&empty[s]));
+                    __syncwarp();
+                }
+            }
             if (bulk) {
                 if (lane == 0) {
-                    mbar_expect_tx(&full[s], WORDS * 4);
-                    bulk_copy(ring[s], src + n * WORDS, WORDS * 4, &full[s]);
+                    mm_mbar_expect_tx(&full[s], WORDS * 4);
+                    mm_bulk_copy(ring[s], src + n * WORDS, WORDS * 4, &full[s]);
                 }
             } else {
                 for (int i = lane; i < WORDS; i += 32) ring[s][i] = src[n * WORDS + i];
                 __syncwarp();
-                if (lane == 0) mbar_arrive(&full[s]);
+                if (lane == 0) mm_mbar_arrive(&full[s]);
             }
         }
     } else { /* consumer */
         uint32_t acc = 0;
         for (int n = 0; n < ROUNDS; n++) {
             const int s = n % SLOTS;
-            mbar_wait(&full[s], (n / SLOTS) & 1);
+            wait(&full[s], (n / SLOTS) & 1);
             for (int i = lane; i < WORDS; i += 32) acc += ring[s][i];
             __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
-        }
-        out[lane] = acc;
-    }
-}
-
-__device__ __forceinline__ uint64_t arrive_state(uint64_t *b) {
-    uint64_t st;
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];\n" : "=l"(st) : "r"(smem_u32(b)) : "memory");
-    return st;
-}
-__device__ __forceinline__ void wait_state(uint64_t *b, uint64_t st) {
-    asm volatile("{\n.reg .pred p;\nW_%=:\n"
-                 "mbarrier.try_wait.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra W_%=;\n}\n" ::"r"(smem_u32(b)),
-                 "l"(st)
-                 : "memory");
-}
-
-/* Modes 3-5: waiters take part in the phase they wait for. */
-__global__ void token_handoff(const uint32_t *src, uint32_t *out, int bulk, int all_lanes) {
-    __shared__ __align__(128) uint32_t ring[SLOTS][WORDS];
-    __shared__ __align__(8) uint64_t full[SLOTS], empty[SLOTS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int waiters = all_lanes ? 32 : 1;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < SLOTS; i++) mbar_init(&full[i], 1 + waiters), mbar_init(&empty[i], waiters + 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    const bool me = all_lanes || lane == 0;
-    if (warp == 0) { /* producer: lane 0 works the barriers */
-        for (int n = 0; n < ROUNDS; n++) {
-            const int s = n % SLOTS;
-            if (n >= SLOTS && lane == 0) wait_state(&empty[s], arrive_state(&empty[s]));
-            __syncwarp();
-            if (bulk) {
-                if (lane == 0) {
-                    mbar_expect_tx(&full[s], WORDS * 4);
-                    bulk_copy(ring[s], src + n * WORDS, WORDS * 4, &full[s]);
-                }
-            } else {
-                for (int i = lane; i < WORDS; i += 32) ring[s][i] = src[n * WORDS + i];
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&full[s]);
-            }
-        }
-    } else {
-        uint32_t acc = 0;
-        for (int n = 0; n < ROUNDS; n++) {
-            const int s = n % SLOTS;
-            if (me) wait_state(&full[s], arrive_state(&full[s]));
-            __syncwarp();
-            for (int i = lane; i < WORDS; i += 32) acc += ring[s][i];
-            __syncwarp();
-            if (me) mbar_arrive(&empty[s]);
+            if (waiters ? me : lane == 0) mm_mbar_arrive(&empty[s]);
         }
         out[lane] = acc;
     }
@@ -145,8 +109,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&out, 32 * 4));
     CK(cudaMemset(src, 1, ROUNDS * WORDS * 4));
     if (mode == 2) libcu_handoff<<<1, 64>>>(src, out);
-    else if (mode >= 3) token_handoff<<<1, 64>>>(src, out, mode != 3, mode == 5);
-    else ptx_handoff<<<1, 64>>>(src, out, mode);
+    else handoff<<<1, 64>>>(src, out, mode == 1 || mode >= 4, mode < 2 ? 0 : mode == 5 ? 32 : 1);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     uint32_t h[32], sum = 0;

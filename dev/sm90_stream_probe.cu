@@ -17,7 +17,7 @@
  * block) or a persistent grid of 3 blocks per SM walking the runs back to back. Prints the best of 5
  * launches in GB/s against the 4276 GB/s copy ceiling.
  * Build and run on the GPU machine:
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 dev/sm90_stream_probe.cu -o /tmp/s && /tmp/s
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Isrc/cuda dev/sm90_stream_probe.cu -o /tmp/s && /tmp/s
  */
 #include "dev_util.cuh"
 
@@ -54,10 +54,10 @@ __global__ void __launch_bounds__(128) stream_cp_async(const uint8_t *codes, con
             const uint8_t *s = scales + sc.index(st) * SCALES + warp * 128;
             uint8_t *slot = mine + (st % S) * 1152;
             for (int q = 0; q < 2; q++) {
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(slot + q * 576 + lane * 16)),
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(mm_smem_u32(slot + q * 576 + lane * 16)),
                              "l"(c + q * 512 + lane * 16));
                 if (lane < 8)
-                    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(slot + q * 576 + 512 + lane * 8)),
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(mm_smem_u32(slot + q * 576 + 512 + lane * 8)),
                                  "l"(s + q * 64 + lane * 8));
             }
         }
@@ -121,26 +121,26 @@ __global__ void __launch_bounds__(160) stream_bulk(const uint8_t *codes, const u
     const schedule sc(runs, run_steps);
     const int steps = sc.total;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < S; i++) mbar_init(&full[i], 1), mbar_init(&empty[i], 4);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < S; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], 4);
+        mm_mbar_init_fence();
     }
     __syncthreads();
     if (warp == 4) { /* producer */
         if (lane == 0)
             for (int st = 0; st < steps; st++) {
                 const int slot = st % S;
-                if (st >= S) mbar_wait(&empty[slot], ((st / S) - 1) & 1);
-                mbar_expect_tx(&full[slot], CODES + SCALES);
+                if (st >= S) mm_mbar_wait_parity(&empty[slot], ((st / S) - 1) & 1);
+                mm_mbar_expect_tx(&full[slot], CODES + SCALES);
                 uint8_t *dst = ring + slot * (CODES + SCALES);
-                bulk_copy(dst, codes + sc.index(st) * CODES, CODES, &full[slot]);
-                bulk_copy(dst + CODES, scales + sc.index(st) * SCALES, SCALES, &full[slot]);
+                mm_bulk_copy(dst, codes + sc.index(st) * CODES, CODES, &full[slot]);
+                mm_bulk_copy(dst + CODES, scales + sc.index(st) * SCALES, SCALES, &full[slot]);
             }
         return;
     }
     uint32_t acc = 0;
     for (int st = 0; st < steps; st++) {
         const int slot = st % S;
-        mbar_wait(&full[slot], (st / S) & 1);
+        mm_mbar_wait_parity(&full[slot], (st / S) & 1);
         const uint8_t *src = ring + slot * (CODES + SCALES);
         for (int q = 0; q < 2; q++) {
             const uint4 v = *(const uint4 *)(src + warp * 1024 + q * 512 + lane * 16);
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(160) stream_bulk(const uint8_t *codes, const u
             acc ^= v.x ^ v.y ^ v.z ^ v.w ^ w.x ^ w.y;
         }
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);
+        if (lane == 0) mm_mbar_arrive(&empty[slot]);
     }
     sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }

@@ -13,7 +13,7 @@
  * Checks a small problem against a double reference, then times a DSv3-size gate/up (4096 x 7168)
  * at 2048 tokens and prints TFLOP/s (target from issue 3: >= 320; measured bf16 peak 795).
  * Build and run on the GPU machine:
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 dev/sm90_wgmma_fp4_gemm.cu -o /tmp/g && /tmp/g
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -Isrc/cuda dev/sm90_wgmma_fp4_gemm.cu -o /tmp/g && /tmp/g
  */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -10,7 +10,7 @@
  *   3. The biased FP4 decode of weight_layout.h as the A operand: code * 2^-14 * E4M3 scale, f16
  *      subnormals included, against an exact double reference.
  * Build and run on the GPU machine:
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 dev/sm90_wgmma_probe.cu -o /tmp/probe && /tmp/probe
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -Isrc/cuda dev/sm90_wgmma_probe.cu -o /tmp/probe && /tmp/probe
  */
 #include <cuda_fp16.h>
 #include <stdint.h>

@@ -27,6 +27,7 @@
  * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
  * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
  */
+#include "sm90_async.cuh"
 #include "sm90_gemm_common.cuh"
 
 #define ST_WARPS 4                   /* consumer warps; one producer warp more */
@@ -43,31 +44,6 @@
 
 static_assert(ST_XROW % 16 == 0 && (ST_XROW / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
 static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "4 blocks fit an SM's shared memory (static + 1 KB reserved each)");
-
-__device__ __forceinline__ uint32_t st_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void st_mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(st_smem(b)), "r"(count));
-}
-__device__ __forceinline__ void st_mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(st_smem(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void st_mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(st_smem(b)) : "memory");
-}
-__device__ __forceinline__ void st_mbar_wait(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(st_smem(b)),
-                 "r"(parity)
-                 : "memory");
-}
-/* bytes (a multiple of 16, 16-byte aligned) from global to shared memory, counted on the mbarrier. */
-__device__ __forceinline__ void st_bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     st_smem(dst)),
-                 "l"(src), "r"(bytes), "r"(st_smem(bar))
-                 : "memory");
-}
 
 __device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -113,7 +89,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
     int n = 0; /* steps issued */
     auto take_slot = [&](int slot) {
-        if (n >= ST_STAGES && lane == 0) st_mbar_wait(&empty[slot], ((n / ST_STAGES) - 1) & 1);
+        if (n >= ST_STAGES && lane == 0) mm_mbar_wait_parity(&empty[slot], ((n / ST_STAGES) - 1) & 1);
         __syncwarp();
     };
     for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
@@ -161,13 +137,13 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     __syncwarp(); /* the header is written before lane 0 arrives (release) */
                 }
                 if (lane == 0) {
-                    st_mbar_expect_tx(&full[slot], bytes);
-                    st_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
-                    st_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
+                    mm_mbar_expect_tx(&full[slot], bytes);
+                    mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
+                    mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
                 __syncwarp(); /* expect_tx before any completion */
                 if (lane < nc)
-                    st_bulk_copy(dst + ST_CODES + ST_SCALES + lane * ST_XROW, xsrc + (size_t)kc * 128, 128, &full[slot]);
+                    mm_bulk_copy(dst + ST_CODES + ST_SCALES + lane * ST_XROW, xsrc + (size_t)kc * 128, 128, &full[slot]);
             }
         }
     }
@@ -175,7 +151,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     take_slot(slot);
     if (lane == 0) {
         hdr[slot].steps = 0;
-        st_mbar_arrive(&full[slot]);
+        mm_mbar_arrive(&full[slot]);
     }
 }
 
@@ -195,7 +171,7 @@ __device__ __forceinline__ void st_consume_chunk(const mm_dev_shape &sh, const m
         for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
     for (int step = 0; step < h.steps; step++, n++) {
         const int slot = n % ST_STAGES;
-        st_mbar_wait(&full[slot], (n / ST_STAGES) & 1);
+        mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
         const uint8_t *src = ring + slot * ST_SLOT;
         a_raw<true> w[GROUPS_PER_WARP];
 #pragma unroll
@@ -215,7 +191,7 @@ __device__ __forceinline__ void st_consume_chunk(const mm_dev_shape &sh, const m
             }
         }
         __syncwarp();
-        if (lane == 0) st_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
+        if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
 #pragma unroll
         for (int s = 0; s < 4; s++)
 #pragma unroll
@@ -264,8 +240,8 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true) != GEMM_STREAM) return;
     p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < ST_STAGES; i++) st_mbar_init(&full[i], 1), st_mbar_init(&empty[i], ST_WARPS);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < ST_STAGES; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
+        mm_mbar_init_fence();
         base[0] = 0;
         for (int r = 0; r < sh.local_ranks; r++)
             base[r + 1] = base[r] + *(const int32_t *)(peers[sh.first_rank + r] + L.num_tiles) * Y * p.splits;
@@ -282,7 +258,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     int n = 0; /* steps consumed */
     for (;;) {
         const int slot = n % ST_STAGES;
-        st_mbar_wait(&full[slot], (n / ST_STAGES) & 1);
+        mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
         const st_header h = hdr[slot];
         if (h.steps == 0) break;
         if (lane < ST_COLS) {

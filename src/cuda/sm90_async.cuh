@@ -1,0 +1,57 @@
+/*
+ * sm90_async.cuh -- the mbarrier and bulk-copy (cp.async.bulk, TMA 1D) primitives of the streaming
+ * GEMM kernel (sm90_expert_stream.cu), shared with the experiments of dev/ that measured the design.
+ * Shared memory at CTA scope; an arrive releases and a wait acquires (PTX defaults).
+ */
+#ifndef MEGAMOE_SM90_ASYNC_CUH
+#define MEGAMOE_SM90_ASYNC_CUH
+
+#include <stdint.h>
+
+__device__ __forceinline__ uint32_t mm_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mm_mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(count));
+}
+/* After the initializing thread's inits, before the block barrier that publishes them. */
+__device__ __forceinline__ void mm_mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* Arrives, expecting `bytes` more of asynchronous copies before the phase can complete. */
+__device__ __forceinline__ void mm_mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mm_mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mm_smem_u32(b)) : "memory");
+}
+/* Waits until the phase of the given parity has completed. */
+__device__ __forceinline__ void mm_mbar_wait_parity(uint64_t *b, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(mm_smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+}
+/* Arrives and returns the phase state, then waits for that phase (the cuda::barrier way). */
+__device__ __forceinline__ uint64_t mm_mbar_arrive_state(uint64_t *b) {
+    uint64_t state;
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];\n" : "=l"(state) : "r"(mm_smem_u32(b)) : "memory");
+    return state;
+}
+__device__ __forceinline__ void mm_mbar_wait_state(uint64_t *b, uint64_t state) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(mm_smem_u32(b)),
+                 "l"(state)
+                 : "memory");
+}
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory, counted
+ * on the mbarrier's transaction count. */
+__device__ __forceinline__ void mm_bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     mm_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(mm_smem_u32(bar))
+                 : "memory");
+}
+
+#endif /* MEGAMOE_SM90_ASYNC_CUH */
