@@ -73,6 +73,10 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
                                         const float *weights, const uint8_t *padding, uint16_t *y, int iters,
                                         double *ms);
 
+/* The device's copy bandwidth in GB/s (read + written bytes of a 512 MB device-to-device copy, best
+ * of 5), the ceiling `bench` reports its weight stream against; 0 when it cannot be measured. */
+double cli_device_copy_gbps(void);
+
 /* `run --gpus N`: the layer on N GPUs of this machine, one NCCL rank each; returns the exit code. */
 int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T, int K,
                  int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y);

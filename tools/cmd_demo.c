@@ -239,18 +239,23 @@ static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
     "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream]\n"
+    "                     [--peak-tflops P]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
     "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
     "T the median time per forward (CUDA events on the GPU), the arithmetic rate 6*H*I*T*K/time,\n"
-    "and the bytes of the experts touched per second.\n"
+    "and the bytes of the experts touched per second. On the GPU also both as fractions of their\n"
+    "ceilings: the device's copy bandwidth (measured at start: a 512 MB device-to-device copy, read +\n"
+    "written bytes) and its bf16 matrix-product peak (--peak-tflops).\n"
     "\n"
     "  --gpus N   expert parallelism over N GPUs of this machine, one NCCL rank each: E/N experts\n"
     "             per GPU, and each T is the tokens of every rank (the group runs N*T). Prints the\n"
     "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n"
     "  --gemm K   the GPU's expert GEMM kernel: auto (default: chosen per forward from the token\n"
     "             count), mma (mma.sync, split-K), wgmma (warpgroup MMA) or stream (the NVFP4\n"
-    "             streaming kernel for few tokens per expert; BF16 layers take mma).\n";
+    "             streaming kernel for few tokens per expert; BF16 layers take mma).\n"
+    "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
+    "             8192^3 bf16 product with cuBLAS on an H200, measured).\n";
 
 /* Fills n bytes fast from a seed (xorshift64*, 8 bytes a step). */
 static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
@@ -326,11 +331,13 @@ int cmd_bench(int argc, char **argv) {
                                          {"seed", required_argument, 0, 's'},
                                          {"gpus", required_argument, 0, 'G'},
                                          {"gemm", required_argument, 0, 'g'},
+                                         {"peak-tflops", required_argument, 0, 'P'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0, gemm = 0;
     int Ts[32] = {256};
     uint64_t seed = 1;
+    float peak_tflops = 795.0f;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -362,6 +369,7 @@ int cmd_bench(int argc, char **argv) {
             ok = gemm >= 0;
             break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;
+        case 'P': ok = cli_parse_float(optarg, &peak_tflops) && peak_tflops > 0; break;
         case 'f':
             if (strcmp(optarg, "nvfp4") == 0)
                 fmt = MEGAMOE_FORMAT_NVFP4;
@@ -396,6 +404,8 @@ int cmd_bench(int argc, char **argv) {
     int rc = cli_layer_create(backend, R, threads, &cfg, &L);
     if (!rc) rc = bench_load(L.layer, &cfg, seed);
     const int nvfp4 = fmt == MEGAMOE_FORMAT_NVFP4;
+    const double copy_gbps = !rc && backend == MEGAMOE_BACKEND_CUDA ? cli_device_copy_gbps() : 0.0;
+    if (copy_gbps > 0) printf("bench: device copy bandwidth %.0f GB/s (read + written), bf16 peak %.0f TFLOP/s\n", copy_gbps, peak_tflops);
     const double expert_bytes = nvfp4 ? 3.0 * H * I * (0.5 + 1.0 / 16) : 3.0 * H * I * 2;
     for (int ti = 0; ti < nT && !rc; ti++) {
         const int T = Ts[ti];
@@ -438,12 +448,16 @@ int cmd_bench(int argc, char **argv) {
             for (int e = 0; used && e < E; e++)
                 touched += used[e];
             free(used);
+            const double tflops = 6.0 * H * I * (double)T * K / med / 1e12, gbps = expert_bytes * touched / med / 1e9;
+            char frac[96] = "";
+            if (copy_gbps > 0)
+                snprintf(frac, sizeof frac, " [%.0f%% of copy, %.1f%% of bf16 peak]", 100.0 * gbps / copy_gbps,
+                         100.0 * tflops / peak_tflops);
             printf(
                 "bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.1f TFLOP/s, "
-                "%.1f GB/s of touched expert weights (%d experts)\n",
+                "%.1f GB/s of touched expert weights (%d experts)%s\n",
                 E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
-                med * 1e3, iters, 6.0 * H * I * (double)T * K / med / 1e12,
-                expert_bytes * touched / med / 1e9, touched);
+                med * 1e3, iters, tflops, gbps, touched, frac);
             fflush(stdout);
         }
         free(times), free(x), free(y), free(ids), free(w);

@@ -117,11 +117,11 @@ def test_bad_files_and_usage(setup, tmp_path):
     p = mr.run_cli("run", "--checkpoint", tmp / "good.safetensors", "--input", inp, "--output", tmp / "y",
                    "--ranks", "3", check=False)
     assert p.returncode != 0 and "E=8" in p.stderr and "R=3" in p.stderr
-    for bad in (["--gemm", "fast"], ["--gpus", "0"], ["--tokens", "1,x"]):
+    for bad in (["--gemm", "fast"], ["--gpus", "0"], ["--tokens", "1,x"], ["--peak-tflops", "0"]):
         p = mr.run_cli("bench", *bad, check=False)
         assert p.returncode != 0 and bad[1] in p.stderr, (bad, p.stderr)
     p = mr.run_cli("bench", "--help")
-    assert "--gpus" in p.stdout and "--gemm" in p.stdout
+    assert "--gpus" in p.stdout and "--gemm" in p.stdout and "--peak-tflops" in p.stdout
 
 
 def test_cuda_backend_message_without_gpu(setup):
