@@ -151,70 +151,13 @@ __device__ __forceinline__ void ring_read(a_raw<nvfp4> &r, const uint8_t *ring, 
 
 __device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
 
-/* Split-K plan for a forward: when the tiles are too few to fill the GPU (decode), K is split. It is a
- * function of the global token count and the shape only, never of R or of which rank computes it, so
- * y stays bitwise independent of R and of the number of GPUs. ws_tiles bounds a rank's tiles. */
-struct splitk_plan {
-    int splits, ws_tiles;
-};
-
-/* The splits wanted before the plan's fallback to 1 (which only lowers them). They never grow with
- * the token count, so at a rank's own count they bound what the group's count can plan. */
-__host__ __device__ inline int splitk_wanted(long slots, int E, int y, int nkc) {
-    const int active = (int)(slots < E ? slots : E);
-    const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
-    int sp = (target + blocks - 1) / blocks;
-    sp = sp < nkc / 8 ? sp : nkc / 8;
-    return sp < 8 ? sp : 8;
-}
-
-__host__ __device__ inline splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
-    const int active = (int)(slots < E ? slots : E);
-    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
-    int sp = splitk_wanted(slots, E, y, nkc);
-    if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
-    return {sp, ws_tiles};
-}
+#include "gemm_plan.h" /* split-K plans and the kernel choice, shared with the host tests */
 
 /* The group's token count, read from every rank's staged count through the peer table. */
 __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers) {
     long t = 0;
     for (int p = 0; p < sh.R; p++) t += *(const int32_t *)(peers[p] + L.num_tokens);
     return t * sh.K;
-}
-
-
-/* Which kernel runs the expert GEMMs of a forward: for NVFP4 the streaming kernel up to 8 tokens per
- * expert on average, wgmma above; for BF16 wgmma when the experts average 4 tokens or more and no K
- * split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16), mma.sync below.
- * A function of the global token count and the shape only, like the split-K plans, so y does not
- * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
- * and benchmarks) overrides it for every rank. */
-enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3 };
-__host__ __device__ inline int gemm_choice(int force, long slots, int E, int splits, bool nvfp4) {
-    if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
-    if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
-    /* NVFP4: streaming up to 8 tokens per expert on average (measured 2026-11-29, H200: at 4-8 it
-     * beats wgmma by 8-27%, at 16 and 32 it loses by 30-55%). */
-    if (nvfp4) return slots <= 8L * E ? GEMM_STREAM : GEMM_WGMMA;
-    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
-}
-
-/* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of
- * (tile, 128-row slab, K split); K is split until the items number about 4 per resident block (so
- * the last items balance), each split keeping 8 or more K steps, at most 16 splits, and only while
- * the partial sums ([splits, slabs, slots, 128] f32) fit the split-K workspace. Like plan_splitk, a
- * function of the group's slot count and the shape only. */
-__host__ __device__ inline int plan_stream_splits(long slots, int E, int y, int nkc) {
-    const long active = slots < E ? slots : E;
-    if (active <= 0) return 1;
-    const long target = 4L * 4 * 132, items = active * y;
-    long sp = (target + items - 1) / items;
-    if (sp > nkc / 8) sp = nkc / 8;
-    if (sp > 16) sp = 16;
-    const long fit = (long)MM_SPLITK_ENTRIES * 64 / ((long)y * slots); /* workspace: ENTRIES x 128 x 64 f32 */
-    if (sp > fit) sp = fit;
-    return sp < 2 ? 1 : (int)sp;
 }
 
 /* The wgmma kernel of one phase over `tiles` token tiles of every local rank (host side). */

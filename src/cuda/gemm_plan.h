@@ -1,0 +1,78 @@
+/*
+ * gemm_plan.h -- the decisions a forward's expert GEMMs take from the group's slot count and the
+ * shape only (so y does not depend on R or on the number of GPUs): the split-K plans of the
+ * mma.sync and streaming kernels and the choice between the kernels. Plain C as well as CUDA, so
+ * the host tests check their invariants (tests/test_plan.c), among them that the partial sums they
+ * plan fit the split-K workspace.
+ */
+#ifndef MEGAMOE_GEMM_PLAN_H
+#define MEGAMOE_GEMM_PLAN_H
+
+#include "internal.h" /* MM_TILE_TOKENS, MM_SPLITK_ENTRIES */
+
+#ifdef __CUDACC__
+#define MM_PLAN_FN __host__ __device__ inline
+#else
+#define MM_PLAN_FN static inline
+#endif
+
+/* Split-K plan for a forward: when the tiles are too few to fill the GPU (decode), K is split. It is a
+ * function of the global token count and the shape only, never of R or of which rank computes it, so
+ * y stays bitwise independent of R and of the number of GPUs. ws_tiles bounds a rank's tiles. */
+typedef struct splitk_plan {
+    int splits, ws_tiles;
+} splitk_plan;
+
+/* The splits wanted before the plan's fallback to 1 (which only lowers them). They never grow with
+ * the token count, so at a rank's own count they bound what the group's count can plan. */
+MM_PLAN_FN int splitk_wanted(long slots, int E, int y, int nkc) {
+    const int active = (int)(slots < E ? slots : E);
+    const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
+    int sp = (target + blocks - 1) / blocks;
+    sp = sp < nkc / 8 ? sp : nkc / 8;
+    return sp < 8 ? sp : 8;
+}
+
+MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
+    const int active = (int)(slots < E ? slots : E);
+    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    int sp = splitk_wanted(slots, E, y, nkc);
+    if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
+    const splitk_plan plan = {sp, ws_tiles};
+    return plan;
+}
+
+/* Which kernel runs the expert GEMMs of a forward: for NVFP4 the streaming kernel up to 8 tokens per
+ * expert on average, wgmma above; for BF16 wgmma when the experts average 4 tokens or more and no K
+ * split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16), mma.sync below.
+ * A function of the global token count and the shape only, like the split-K plans, so y does not
+ * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
+ * and benchmarks) overrides it for every rank. */
+enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3 };
+MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4) {
+    if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
+    if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
+    /* NVFP4: streaming up to 8 tokens per expert on average (measured 2026-11-29, H200: at 4-8 it
+     * beats wgmma by 8-27%, at 16 and 32 it loses by 30-55%). */
+    if (nvfp4) return slots <= 8L * E ? GEMM_STREAM : GEMM_WGMMA;
+    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
+}
+
+/* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of
+ * (tile, 128-row slab, K split); K is split until the items number about 4 per resident block (so
+ * the last items balance), each split keeping 8 or more K steps, at most 16 splits, and only while
+ * the partial sums ([splits, slabs, slots, 128] f32) fit the split-K workspace. Like plan_splitk, a
+ * function of the group's slot count and the shape only. */
+MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
+    const long active = slots < E ? slots : E;
+    if (active <= 0) return 1;
+    const long target = 4L * 4 * 132, items = active * y;
+    long sp = (target + items - 1) / items;
+    if (sp > nkc / 8) sp = nkc / 8;
+    if (sp > 16) sp = 16;
+    const long fit = (long)MM_SPLITK_ENTRIES * 64 / ((long)y * slots); /* workspace: ENTRIES x 128 x 64 f32 */
+    if (sp > fit) sp = fit;
+    return sp < 2 ? 1 : (int)sp;
+}
+
+#endif /* MEGAMOE_GEMM_PLAN_H */

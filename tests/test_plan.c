@@ -1,0 +1,125 @@
+/*
+ * test_plan.c -- the invariants of the expert GEMMs' plans (src/cuda/gemm_plan.h), on the host, over
+ * a grid of shapes, token counts and rank counts: the partial sums every split-K plan asks for fit
+ * the split-K workspace the buffer layout reserves (a plan past it would write into the next region),
+ * splits keep 8 or more K steps, and the bounds the NCCL host launch relies on hold (a rank's own
+ * count bounds what the group's count can plan and choose).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "cuda/gemm_plan.h"
+#include "internal.h"
+
+static const int k_E[] = {8, 16, 64, 128, 256};
+static const int k_K[] = {1, 2, 4, 8};
+static const int k_HI[][2] = {{256, 256}, {2048, 768}, {4096, 14336}, {7168, 2048}, {1024, 512}};
+static const int k_T[] = {0, 1, 2, 3, 7, 8, 9, 31, 32, 33, 100, 127, 128, 129, 500, 512, 1000, 2048, 4096, 8192};
+#define N(a) ((int)(sizeof a / sizeof a[0]))
+
+/* Calls f(E, K, H, I, slots, y, nkc) for both phases of every shape and group slot count. */
+typedef void (*plan_case)(int E, int K, int H, int I, long slots, int y, int nkc);
+static void for_each_case(plan_case f) {
+    for (int a = 0; a < N(k_E); a++)
+        for (int b = 0; b < N(k_K); b++)
+            for (int c = 0; c < N(k_HI); c++)
+                for (int t = 0; t < N(k_T); t++)
+                    for (int R = 1; R <= 8; R *= 2) {
+                        const int E = k_E[a], K = k_K[b], H = k_HI[c][0], I = k_HI[c][1];
+                        const long slots = (long)R * k_T[t] * K;
+                        f(E, K, H, I, slots, 2 * I / 128, H / 64); /* gate/up */
+                        f(E, K, H, I, slots, H / 128, I / 64);     /* down */
+                    }
+}
+
+static void stream_case(int E, int K, int H, int I, long slots, int y, int nkc) {
+    (void)K, (void)H, (void)I;
+    const int sp = plan_stream_splits(slots, E, y, nkc);
+    assert_true(sp >= 1 && sp <= 16);
+    if (sp > 1) {
+        assert_true(nkc / sp >= 8); /* every split sums 8 K steps or more */
+        /* [splits][slabs][slot rows][128] f32 within MM_SPLITK_ENTRIES x 128 x 64 f32 */
+        assert_true((long)sp * y * slots * 128 <= (long)MM_SPLITK_ENTRIES * 128 * 64);
+    }
+}
+
+static void test_stream_splits_fit_the_workspace(void **state) {
+    (void)state;
+    for_each_case(stream_case);
+}
+
+static void mma_case(int E, int K, int H, int I, long slots, int y, int nkc) {
+    (void)K, (void)H, (void)I;
+    const splitk_plan p = plan_splitk(slots, E, y, nkc);
+    assert_true(p.splits >= 1 && p.splits <= 8);
+    if (p.splits > 1) {
+        assert_true(nkc / p.splits >= 8);
+        assert_true((long)y * p.ws_tiles * p.splits <= MM_SPLITK_ENTRIES); /* entries of 128 x 64 f32 */
+    }
+    /* A rank's tiles: at most one partial tile per active expert plus the full ones. */
+    const long active = slots < E ? slots : E;
+    assert_true(p.ws_tiles >= active + slots / MM_TILE_TOKENS);
+}
+
+static void test_mma_splits_fit_the_workspace(void **state) {
+    (void)state;
+    for_each_case(mma_case);
+}
+
+/* The NCCL host launches the splits wanted at its own count and each kernel its count does not rule
+ * out; the group's count (never smaller) must stay within what was launched. */
+static void nccl_bound_case(int E, int K, int H, int I, long slots, int y, int nkc) {
+    (void)K, (void)H, (void)I;
+    for (long local = 0; local <= slots; local += slots / 7 + 1) {
+        const int wanted = splitk_wanted(local, E, y, nkc), launched = wanted > 1 ? wanted : 1;
+        assert_true(plan_splitk(slots, E, y, nkc).splits <= launched);
+        for (int nvfp4 = 0; nvfp4 <= 1; nvfp4++) {
+            const int mine = gemm_choice(0, local, E, launched, nvfp4);
+            const int group = gemm_choice(0, slots, E, plan_splitk(slots, E, y, nkc).splits, nvfp4);
+            if (mine == GEMM_WGMMA) assert_int_equal(group, GEMM_WGMMA); /* the host skipped the others */
+        }
+    }
+}
+
+static void test_nccl_launch_bounds_hold(void **state) {
+    (void)state;
+    for_each_case(nccl_bound_case);
+}
+
+/* The workspace the plans above assume is the one the device buffer layout reserves. */
+static void test_layout_reserves_the_workspace(void **state) {
+    (void)state;
+    mm_buffer_layout l;
+    mm_buffer_layout_compute(64, 8, 7168, 1, 2, 128, 2048, &l);
+    assert_true(l.splitk_counters - l.splitk_ws >= (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4);
+    assert_true(l.barrier - l.splitk_counters >= (uint64_t)MM_SPLITK_ENTRIES * 4);
+}
+
+static void test_gemm_choice_rules(void **state) {
+    (void)state;
+    for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1), force);
+    assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 1), GEMM_STREAM);
+    assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 0), GEMM_MMA); /* BF16 has no streaming kernel */
+    /* NVFP4 (chosen): streaming up to 8 slots per expert on average, wgmma above. */
+    assert_int_equal(gemm_choice(0, 8L * 256, 256, 1, 1), GEMM_STREAM);
+    assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1), GEMM_WGMMA);
+    /* BF16: wgmma from 4 per expert without a split, mma.sync otherwise. */
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 2, 0), GEMM_MMA);
+    assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 1, 0), GEMM_MMA);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stream_splits_fit_the_workspace),
+        cmocka_unit_test(test_mma_splits_fit_the_workspace),
+        cmocka_unit_test(test_nccl_launch_bounds_hold),
+        cmocka_unit_test(test_layout_reserves_the_workspace),
+        cmocka_unit_test(test_gemm_choice_rules),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
