@@ -1,6 +1,6 @@
 """Expert parallelism over NCCL on several GPUs of one machine (issue 4): `megamoe run --gpus N` against
-the CUDA backend on one GPU, bitwise, and against the float64 reference of mmref.py. Skipped (shown as
-skipped by ctest) without two GPUs and a build with the NCCL backend; run on a machine with them:
+the CUDA backend on one GPU, bitwise, and against the float64 reference of mmref.py, for N = 1, 2 and
+4 and 8 where that many GPUs are visible. Skipped (shown as skipped by ctest) without two GPUs and a build with the NCCL backend; run on a machine with them:
     MEGAMOE_CLI=path/to/megamoe python3 -m pytest -q -rs tests/py/test_multi_gpu.py
 """
 import shutil
@@ -24,7 +24,11 @@ GPUS = visible_gpus()
 pytestmark = pytest.mark.skipif(GPUS < 2, reason=f"no 2 GPUs here ({GPUS} visible): multi-GPU tests not run")
 
 
-def run_all(tmp_path, model, x, ids, w, pad, gpu_counts=(1, 2)):
+# Every expert-parallel width the machine allows (the shapes below have E divisible by 8).
+GPU_COUNTS = tuple(n for n in (1, 2, 4, 8) if n <= max(GPUS, 2))
+
+
+def run_all(tmp_path, model, x, ids, w, pad, gpu_counts=GPU_COUNTS):
     """y from the CUDA backend on one GPU and from --gpus N for each N; all must be bitwise equal."""
     ckpt, inp = tmp_path / "model.safetensors", tmp_path / "inputs.safetensors"
     mr.st_save(ckpt, mr.checkpoint_tensors(model, "", "stacked"))
