@@ -109,11 +109,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits, tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
-    const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
-    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    const int count = ((const int32_t *)(mine + L.expert_count))[e];
-    const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start; /* row of act / slots */
-    const int ncols = min(BN, count - start), ntiles_n = (ncols + 7) / 8;
+    const tile_info ti = load_tile(L, mine, tile);
+    const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
     constexpr bool nvfp4 = NVFP4;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     /* The plan from the global token count (the host may launch more splits than it: NCCL ranks do

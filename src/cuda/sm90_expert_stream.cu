@@ -96,11 +96,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
         int r, tile, y, split;
         st_item(i, base, sh.local_ranks, p, r, tile, y, split);
         uint8_t *mine = peers[sh.first_rank + r];
-        const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
-        const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-        const int count = ((const int32_t *)(mine + L.expert_count))[e];
-        const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start;
-        const int ncols = min(MM_TILE_TOKENS, count - start);
+        const tile_info ti = load_tile(L, mine, tile);
+        const int e = ti.e, first = ti.first, ncols = ti.ncols;
         const int kc0 = split * p.nkc / p.splits, kc1 = (split + 1) * p.nkc / p.splits;
         const mm_dev_weights W = weights[r];
         const size_t unit0 = (size_t)mm_layout_unit((int64_t)e * groups_per_expert + 8 * y, 0, p.nkc);

@@ -104,11 +104,8 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
     if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4) != GEMM_WGMMA) return; /* another kernel has it */
 
-    const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
-    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    const int count = ((const int32_t *)(mine + L.expert_count))[e];
-    const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start;
-    const int ncols = min(MM_TILE_TOKENS, count - start), ntiles_n = (ncols + 7) / 8;
+    const tile_info ti = load_tile(L, mine, tile);
+    const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
     const mm_dev_weights W = weights[r - sh.first_rank];

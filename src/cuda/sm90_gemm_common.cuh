@@ -38,6 +38,22 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
     return s;
 }
 
+/* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)
+ * and its tokens (at most MM_TILE_TOKENS). */
+struct tile_info {
+    int e, first, ncols;
+};
+
+__device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const uint8_t *mine, int tile) {
+    tile_info t;
+    t.e = ((const int32_t *)(mine + L.tile_expert))[tile];
+    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
+    const int count = ((const int32_t *)(mine + L.expert_count))[t.e];
+    t.first = ((const int32_t *)(mine + L.expert_offset))[t.e] + start;
+    t.ncols = min(MM_TILE_TOKENS, count - start);
+    return t;
+}
+
 /* The token tile's columns, by threads 0..63: each slot's code (-1 past ncols), home rank, token and,
  * for the NVFP4 gate/up, the token's activation scale s. The caller synchronizes. */
 template <int PHASE, bool nvfp4>
