@@ -249,6 +249,33 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                                 lane);
 }
 
+/* The mma.sync kernel of one phase. The split-K epilogue is a separate instantiation so the plain
+ * one keeps its registers. */
+template <int PH, bool NV>
+static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                 uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
+    const int ring = NV ? RING_BYTES : 0;
+    if (sp > 1)
+        MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, true>, grid, WARPS * 32, ring, s, sh, L, peers, weights, sp, force));
+    else
+        MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, false>, grid, WARPS * 32, ring, s, sh, L, peers, weights, 1, force));
+    return MEGAMOE_OK;
+}
+
+/* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`. */
+template <int PH>
+static megamoe_status launch_phase(int kernel, bool wgmma, dim3 grid, int sp, int tiles, long slots,
+                                   const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                   const mm_dev_weights *weights, int force, cudaStream_t s) {
+    megamoe_status st = MEGAMOE_OK;
+    if (kernel == GEMM_MMA)
+        st = sh.nvfp4 ? launch_mma<PH, true>(grid, sp, sh, L, peers, weights, force, s)
+                      : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
+    if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
+    if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, force, s);
+    return st;
+}
+
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                        const mm_dev_weights *weights, int total_tokens, int force, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
@@ -275,31 +302,11 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int k1 = gemm_choice(force, slots, sh.E, sp1, nv), k2 = gemm_choice(force, slots, sh.E, sp2, nv);
     const bool wgmma_possible = gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv) == GEMM_WGMMA;
     const bool wg1 = nccl ? wgmma_possible : k1 == GEMM_WGMMA, wg2 = nccl ? wgmma_possible : k2 == GEMM_WGMMA;
-    /* The split-K epilogue is a separate instantiation so the plain one keeps its registers. */
-#define MM_LAUNCH(PH, NV, grid, sp)                                                                              \
-    do {                                                                                                      \
-        const int ring_ = (NV) ? RING_BYTES : 0;                                                              \
-        if ((sp) > 1)                                                                                         \
-            MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, true>, grid, WARPS * 32, ring_, s, sh, L, peers, weights, (int)(sp), force)); \
-        else MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, false>, grid, WARPS * 32, ring_, s, sh, L, peers, weights, 1, force)); \
-        MM_CUDA_TRY(cudaGetLastError());                                                                      \
-    } while (0)
-    megamoe_status st = MEGAMOE_OK;
-    if (k1 == GEMM_MMA) {
-        if (nv) MM_LAUNCH(PHASE_GATE_UP, true, grid_gate_up, sp1);
-        else MM_LAUNCH(PHASE_GATE_UP, false, grid_gate_up, sp1);
-    }
-    if (k1 == GEMM_STREAM) st = sm90_expert_stream_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, slots, force, s);
-    if (st == MEGAMOE_OK && wg1) st = sm90_expert_wgmma_launch(PHASE_GATE_UP, sh, L, peers, weights, tiles, force, s);
+    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, grid_gate_up, sp1, tiles, slots, sh, L, peers, weights,
+                                                     force, s);
+    if (st == MEGAMOE_OK)
+        st = launch_phase<PHASE_DOWN>(k2, wg2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force, s);
     if (st != MEGAMOE_OK) return st;
-    if (k2 == GEMM_MMA) {
-        if (nv) MM_LAUNCH(PHASE_DOWN, true, grid_down, sp2);
-        else MM_LAUNCH(PHASE_DOWN, false, grid_down, sp2);
-    }
-    if (k2 == GEMM_STREAM) st = sm90_expert_stream_launch(PHASE_DOWN, sh, L, peers, weights, tiles, slots, force, s);
-    if (st == MEGAMOE_OK && wg2) st = sm90_expert_wgmma_launch(PHASE_DOWN, sh, L, peers, weights, tiles, force, s);
-    if (st != MEGAMOE_OK) return st;
-#undef MM_LAUNCH
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
