@@ -319,10 +319,10 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     const int timeout_ms = l->config.timeout_ms;
     megamoe_status st = MEGAMOE_OK;
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
-    st = sm90_route_launch(sh, L, peers, s);
-    if (st) return st;
     int total_tokens = 0;
     for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
+    st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s);
+    if (st) return st;
     st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */

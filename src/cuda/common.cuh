@@ -92,7 +92,7 @@ const char *mm_cuda_last_message(void);
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
                                  uint8_t *err_base, int rank, const mm_dev_rank_args &a, cudaStream_t s);
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                 cudaStream_t s);
+                                 long total_slots, cudaStream_t s);
 /* Once per device, before the first launch and outside stream capture: the kernels' shared-memory opt-in. */
 megamoe_status sm90_expert_gemm_prepare();
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,

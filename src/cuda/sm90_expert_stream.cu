@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
 
 /* After a split phase: the partial sums of each (tile, 16-token chunk, slab) added in split order
  * (deterministic), then the phase's epilogue, by 4 warps of 32 rows as in the streaming kernel.
- * Grid (tiles, slabs, local ranks x 4 chunks); blocks past the forward's work leave at once. */
+ * Grid (tiles, slabs, local ranks x chunks per tile); blocks past the forward's work leave at once. */
 template <int PHASE>
 __global__ void __launch_bounds__(ST_WARPS * 32) sm90_expert_stream_finish(mm_dev_shape sh, mm_buffer_layout L,
                                                                            uint8_t *const *peers,
@@ -287,7 +287,8 @@ __global__ void __launch_bounds__(ST_WARPS * 32) sm90_expert_stream_finish(mm_de
     if (gemm_choice(force, slots, sh.E, plan_splitk(slots, sh.E, Y, nkc).splits, true) != GEMM_STREAM) return;
     const int splits = plan_stream_splits(slots, sh.E, Y, nkc);
     if (splits < 2) return; /* the streaming kernel ran the epilogue */
-    const int r = blockIdx.z / 4, chunk = blockIdx.z % 4, tile = blockIdx.x, y = blockIdx.y;
+    const int chunks = gridDim.z / sh.local_ranks;
+    const int r = blockIdx.z / chunks, chunk = blockIdx.z % chunks, tile = blockIdx.x, y = blockIdx.y;
     uint8_t *mine = peers[sh.first_rank + r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
@@ -343,7 +344,10 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
      * with NCCL it launches it and the kernel decides). */
     const int nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
     const bool finish = sh.local_ranks < sh.R || plan_stream_splits(slots, sh.E, Y, nkc) > 1;
-    const dim3 fgrid(tiles, Y, sh.local_ranks * 4);
+    /* Chunks of 16 tokens per tile: at most 4, fewer when the group has fewer slots (one process). */
+    const long cols = slots < MM_TILE_TOKENS ? slots : MM_TILE_TOKENS;
+    const int chunks = sh.local_ranks < sh.R || cols <= 0 ? 4 : (int)((cols + ST_COLS - 1) / ST_COLS);
+    const dim3 fgrid(tiles, Y, sh.local_ranks * chunks);
     if (phase == PHASE_GATE_UP) {
         MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_GATE_UP>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
         if (finish) MM_CUDA_TRY(mm_launch(sm90_expert_stream_finish<PHASE_GATE_UP>, fgrid, ST_WARPS * 32, 0, s, sh, L, peers, weights, force));

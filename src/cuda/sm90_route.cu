@@ -3,9 +3,13 @@
  * token, slot) routed to it, in (home rank, token, slot) order, read from every rank's staged ids
  * through the peer table; then the token tiles the expert GEMMs run over. All counts stay on the
  * device, so a forward needs no host synchronization.
- *   count: one block per (local expert, rank); tiles: one thread per rank; fill: like count.
+ *   count: one block per (local expert, rank); tiles: one block per rank; fill: like count;
+ *   small: all three in one kernel for forwards of few slots in one process.
  */
 #include "common.cuh"
+
+#define ROUTE_SMALL_SLOTS 4096   /* slots of a forward routed by the one-kernel path */
+#define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* Calls f(code, match) for every staged slot of every home rank, blockDim.x at a time, in order;
  * all threads of the block take part in every call. */
@@ -85,12 +89,11 @@ __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     }
 }
 
-__global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
-    mm_wait_previous();
+/* Writes the slot codes routed to global expert `expert`, in order, from slots[0] on. */
+__device__ void fill_expert(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
+                            int32_t *slots) {
     __shared__ int warp_counts[32];
-    const int e = blockIdx.x, r = sh.first_rank + blockIdx.y, expert = r * sh.E_r + e;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int32_t *slots = (int32_t *)(peers[r] + L.slots) + ((const int32_t *)(peers[r] + L.expert_offset))[e];
     int pos = 0;
     for_each_slot(sh, L, peers, expert, [&](int code, bool match) {
         const unsigned ballot = __ballot_sync(0xFFFFFFFFu, match);
@@ -107,10 +110,78 @@ __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint
     });
 }
 
+__global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
+    const int e = blockIdx.x, r = sh.first_rank + blockIdx.y;
+    fill_expert(sh, L, peers, r * sh.E_r + e,
+                (int32_t *)(peers[r] + L.slots) + ((const int32_t *)(peers[r] + L.expert_offset))[e]);
+}
+
+/* A forward with few slots (one process; the host checks ROUTE_SMALL_SLOTS): count, offsets, tiles
+ * and fill in one kernel, one block per (local expert, rank). Every block counts all of its rank's
+ * experts itself in a shared-memory histogram (E_r ints of dynamic shared memory), so no block waits
+ * for another and two kernel boundaries go. Same tables, same slot order as the three kernels. */
+__global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
+    extern __shared__ int hist[];
+    __shared__ int sums[4][32];
+    const int e = blockIdx.x, r = sh.first_rank + blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    for (int src = 0; src < sh.R; src++) {
+        const uint8_t *b = peers[src];
+        const int n = *(const int32_t *)(b + L.num_tokens) * sh.K;
+        const int32_t *ids = (const int32_t *)(b + L.topk_ids);
+        const uint8_t *state = b + L.token_state;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const int local = ids[j] - r * sh.E_r;
+            if (local >= 0 && local < sh.E_r && state[j / sh.K] == MM_TOKEN_LIVE) atomicAdd(&hist[local], 1);
+        }
+    }
+    __syncthreads();
+    /* Slots and tiles of the experts before e, and of all experts. */
+    int v[4] = {0, 0, 0, 0};
+    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x) {
+        const int n = hist[i], t = (n + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+        if (i < e) v[0] += n, v[1] += t;
+        v[2] += n, v[3] += t;
+    }
+    for (int k = 0; k < 4; k++) {
+        for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], o);
+        if (lane == 0) sums[k][warp] = v[k];
+    }
+    __syncthreads();
+    int slot_before = 0, tile_before = 0, slot_total = 0, tile_total = 0;
+    for (int w = 0; w < nwarps; w++)
+        slot_before += sums[0][w], tile_before += sums[1][w], slot_total += sums[2][w], tile_total += sums[3][w];
+    uint8_t *b = peers[r];
+    const int count = hist[e], tiles = (count + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+    if (threadIdx.x == 0) {
+        ((int32_t *)(b + L.expert_count))[e] = count;
+        ((int32_t *)(b + L.expert_offset))[e] = slot_before;
+        if (e == 0) {
+            ((int32_t *)(b + L.expert_offset))[sh.E_r] = slot_total;
+            *(int32_t *)(b + L.num_tiles) = tile_total;
+        }
+    }
+    for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
+        ((int32_t *)(b + L.tile_expert))[tile_before + i] = e;
+        ((int32_t *)(b + L.tile_start))[tile_before + i] = i * MM_TILE_TOKENS;
+    }
+    fill_expert(sh, L, peers, r * sh.E_r + e, (int32_t *)(b + L.slots) + slot_before);
+}
+
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                 cudaStream_t s) {
+                                 long total_slots, cudaStream_t s) {
     const int local_ranks = sh.local_ranks;
     const dim3 grid(sh.E_r, local_ranks);
+    /* One process knows the group's slot count: few slots, one kernel. (NCCL: the other ranks'
+     * counts are unknown here, so the three kernels.) */
+    if (sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS) {
+        MM_CUDA_TRY(mm_launch(sm90_route_small_kernel, grid, 256, (size_t)sh.E_r * 4, s, sh, L, peers));
+        return MEGAMOE_OK;
+    }
     MM_CUDA_TRY(mm_launch(sm90_route_count_kernel, grid, 256, 0, s, sh, L, peers));
     MM_CUDA_TRY(cudaGetLastError());
     MM_CUDA_TRY(mm_launch(sm90_route_tiles_kernel, local_ranks, 256, 0, s, sh, L, peers));
