@@ -44,6 +44,7 @@ typedef struct mm_buffer_layout {
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
+    uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
     uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
     uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */

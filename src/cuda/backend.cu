@@ -130,6 +130,7 @@ extern "C" megamoe_status mm_cuda_buffer_init(megamoe_group *g, mm_buffer *b) {
         MM_CUDA_TRY(cudaMemset(base + L.barrier, 0, ((size_t)g->world_size + 1) * 8));
         MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8)); /* no bad id yet; counts 0 */
         MM_CUDA_TRY(cudaMemset(base + L.error + 8, 0, 8));
+        MM_CUDA_TRY(cudaMemset(base + L.stage_arrivals, 0, 4));
     }
     MM_CUDA_TRY(cudaDeviceSynchronize()); /* zero before any peer can see the buffer */
     return MEGAMOE_OK;
@@ -307,11 +308,19 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     uint8_t **base = (uint8_t **)l->buffer->rank_base;
     uint8_t *const *peers = (uint8_t *const *)l->buffer->peer_table;
     uint8_t *err = base[0];
+    int total_tokens = 0, stage_blocks = 0;
+    for (int r = 0; r < g->local_ranks; r++) {
+        total_tokens += args[r].num_tokens;
+        stage_blocks += args[r].num_tokens > 0 ? args[r].num_tokens : 1;
+    }
+    /* Few slots in one process: the stage kernels' last block routes (no routing kernel). */
+    const bool stage_routes = sm90_stage_routes(sh, (long)total_tokens * sh.K);
     /* The error words were reset by the last forward's combine (or at buffer creation). */
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, s);
+        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, peers,
+                                              stage_routes ? stage_blocks : 0, s);
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
@@ -319,10 +328,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     const int timeout_ms = l->config.timeout_ms;
     megamoe_status st = MEGAMOE_OK;
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
-    int total_tokens = 0;
-    for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
-    st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s);
-    if (st) return st;
+    if (!stage_routes && (st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s)) != MEGAMOE_OK) return st;
     st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */

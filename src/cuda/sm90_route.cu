@@ -37,27 +37,6 @@ __global__ void sm90_route_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     if (threadIdx.x == 0) ((int32_t *)(peers[r] + L.expert_count))[e] = count;
 }
 
-/* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
-__device__ int block_exclusive_scan(int v, int *total) {
-    __shared__ int warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-        if (lane >= o) incl += n;
-    }
-    __syncthreads();
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    int before = 0, sum = 0;
-    for (int w = 0; w < nwarps; w++) {
-        before += w < warp ? warp_sums[w] : 0;
-        sum += warp_sums[w];
-    }
-    *total = sum;
-    return before + incl - v;
-}
-
 /* Expert offsets and the tile list, in expert order: one block per rank, experts in chunks of
  * blockDim.x with a block-wide scan (a single thread walking 256 experts cost ~0.1 ms). */
 __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {

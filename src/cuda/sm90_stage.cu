@@ -4,11 +4,10 @@
  * of x for BF16. Bad expert ids are counted and the first (rank, token, slot) kept.
  * One block per token, a thread per 16-value block.
  */
-#include "common.cuh"
+#include "sm90_route_few.cuh"
 
-__global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base, int rank,
-                                  mm_dev_rank_args a) {
-    mm_wait_previous();
+__device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
+                                            uint8_t *err_base, int rank, const mm_dev_rank_args &a) {
     __shared__ float scratch[32];
     const int t = blockIdx.x, K = sh.K, H = sh.H;
     if (t == 0 && threadIdx.x == 0) *(int32_t *)(base + L.num_tokens) = a.T;
@@ -86,12 +85,41 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     }
 }
 
+/* One block per token. route_blocks > 0 (one process, few slots): the blocks of every local rank's
+ * stage launch count themselves done, and the last of all (route_blocks in total) builds the
+ * routing tables (route_few_block), so no routing kernel runs. */
+__global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base, int rank,
+                                  mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
+    mm_wait_previous();
+    stage_token(sh, L, base, err_base, rank, a);
+    if (route_blocks == 0) return;
+    __shared__ int last;
+    __threadfence(); /* this thread's staged bytes before the arrival below */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *arrivals = (unsigned *)(err_base + L.stage_arrivals);
+        last = atomicAdd(arrivals, 1u) == (unsigned)route_blocks - 1;
+        if (last) *arrivals = 0; /* ready for the next forward */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    extern __shared__ int hist[];
+    route_few_block(sh, L, peers, hist);
+}
+
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base, uint8_t *err_base,
-                                 int rank, const mm_dev_rank_args &a, cudaStream_t s) {
+                                 int rank, const mm_dev_rank_args &a, uint8_t *const *peers, int route_blocks,
+                                 cudaStream_t s) {
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
     /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
     const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
-    MM_CUDA_TRY(mm_launch(sm90_stage_kernel, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
+    const size_t smem = route_blocks > 0 ? (size_t)sh.E_r * sizeof(int) : 0;
+    MM_CUDA_TRY(mm_launch(sm90_stage_kernel, blocks, threads, smem, s, sh, L, base, err_base, rank, a, peers, route_blocks));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
+}
+
+bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots) {
+    return sh.local_ranks == sh.R && total_slots <= ROUTE_FEW_SLOTS && sh.E_r <= ROUTE_FEW_EXPERTS;
 }
