@@ -8,10 +8,11 @@ OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 . bench/device_env.sh
 fmt=$1; set -- $2 "$3"
-log="$OUT/ncu_${fmt}_$1_$4.csv"
+log="$OUT/ncu_${fmt}_$1_$4_$(basename "${BIN:-megamoe}").csv"
+BIN=${BIN:-.devbin/megamoe}
 ncu --clock-control none --csv --page raw \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,launch__grid_size,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-    .devbin/megamoe bench --backend cuda --format "$fmt" --experts $1 --top-k $2 --hidden $3 --inter $4 \
+    "$BIN" bench --backend cuda --format "$fmt" --experts $1 --top-k $2 --hidden $3 --inter $4 \
     --tokens "$5" --iters 1 > "$log" 2>"$OUT/ncu_stderr.log"
 python3 - "$log" <<'PY'
 import csv, sys
