@@ -63,10 +63,17 @@ MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4) 
  * the last items balance), each split keeping 8 or more K steps, at most 16 splits, and only while
  * the partial sums ([splits, slabs, slots, 128] f32) fit the split-K workspace. Like plan_splitk, a
  * function of the group's slot count and the shape only. */
+#ifndef MM_STREAM_BLOCKS_PER_SM
+#define MM_STREAM_BLOCKS_PER_SM 4   /* persistent streaming blocks per SM (overridable for experiments) */
+#endif
+#ifndef MM_STREAM_ITEMS_PER_BLOCK
+#define MM_STREAM_ITEMS_PER_BLOCK 4 /* work items the split plan aims at per resident block */
+#endif
 MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
     const long active = slots < E ? slots : E;
     if (active <= 0) return 1;
-    const long target = 4L * 4 * 132, items = active * y;
+    /* 132 SMs (H100 SXM / H200) fixed: the plan must not depend on the GPU the rank runs on. */
+    const long target = (long)MM_STREAM_ITEMS_PER_BLOCK * MM_STREAM_BLOCKS_PER_SM * 132, items = active * y;
     long sp = (target + items - 1) / items;
     if (sp > nkc / 8) sp = nkc / 8;
     if (sp > 16) sp = 16;

@@ -37,13 +37,15 @@
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
 #define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
-#define ST_STAGES 8
+#ifndef ST_STAGES
+#define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
+#endif
 #define ST_SMEM (ST_STAGES * ST_SLOT)
-#define ST_BLOCKS_PER_SM 4
+#define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
 
 static_assert(ST_XROW % 16 == 0 && (ST_XROW / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
-static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "4 blocks fit an SM's shared memory (static + 1 KB reserved each)");
+static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
 
 __device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
