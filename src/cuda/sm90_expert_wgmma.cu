@@ -23,7 +23,9 @@
 #define WG_WARPS 8
 #define WG_THREADS (WG_WARPS * 32)
 #define WG_ROWS (WG_WARPS * GROUPS_PER_WARP * 16) /* 256 weight rows per block */
-#define WG_STAGES 5
+#ifndef WG_STAGES
+#define WG_STAGES 5 /* pipeline slots (overridable for experiments: bench/build_variants.sh) */
+#endif
 /* NVFP4: registers capped at 128 for 2 blocks (4 warpgroups) per SM. ptxas then serializes each
  * warpgroup's wgmma with its next step (C7511), but the other warpgroups fill the tensor cores:
  * measured on the H200, DSv3 T = 2048, 5.99 ms against 7.53 ms with 1 block of 155 registers. */
