@@ -19,13 +19,15 @@ for spec in "$@"; do
   if [ -n "$rev" ]; then
     src=$(mktemp -d)/src
     git worktree add -q --detach "$src" "$rev"
+    trap 'git -C "$root" worktree remove --force "$src"' EXIT
   fi
+  rm -rf "$root/build-var-$name" # its cache names the source folder, new for each worktree
   cmake -S "$src" -B "$root/build-var-$name" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON -DCMAKE_CUDA_FLAGS="$flags" >/dev/null
   targets=(megamoe_cli); [ "${TESTS:-0}" = 1 ] && targets+=(test_gpu)
   cmake --build "$root/build-var-$name" -j "$(nproc)" --target "${targets[@]}" >/dev/null
   cp "$root/build-var-$name/megamoe" ".devbin/megamoe_$name"
   [ "${TESTS:-0}" = 1 ] && cp "$root/build-var-$name/tests/test_gpu" ".devbin/test_gpu_$name"
-  [ -n "$rev" ] && git worktree remove --force "$src"
+  if [ -n "$rev" ]; then git worktree remove --force "$src"; trap - EXIT; fi
   echo "built .devbin/megamoe_$name (${rev:-this checkout} $flags)"
 done
 du -sh .devbin
