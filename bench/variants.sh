@@ -55,9 +55,16 @@ for line in open(sys.argv[1]):
     if m:
         name, *key, ms = m.groups()
         rows.setdefault(tuple(key), {})[name] = float(ms)
-print("E K H I T format | " + " | ".join(names))
+# Issue 3's reference: Marlin W4A16 on the H200 (NVFP4 only), ms per forward.
+marlin = {("256", "8", "7168", "2048"): [0.104, 0.533, 1.451, 2.262, 3.300, 7.761, 24.01],
+          ("128", "8", "2048", "768"): [0.038, 0.085, 0.148, 0.170, 0.301, 0.875, 2.909],
+          ("8", "2", "4096", "14336"): [0.100, 0.269, 0.318, 0.530, 1.594, 5.501, 21.33]}
+ts = ["1", "8", "32", "128", "512", "2048", "8192"]
+print("E K H I T format | " + " | ".join(names) + " | Marlin")
 for key, v in rows.items():
-    print(" ".join(key) + " | " + " | ".join(f"{v[n]:.4f}" if n in v else "-" for n in names))
+    ref = marlin.get(tuple(key[:4]))
+    m = f"{ref[ts.index(key[4])]:.4f}" if ref and key[5] == "nvfp4" and key[4] in ts else "-"
+    print(" ".join(key) + " | " + " | ".join(f"{v[n]:.4f}" if n in v else "-" for n in names) + " | " + m)
 PY
   ;;
 *) echo "usage: bash bench/variants.sh tests|bench NAME..." >&2; exit 2 ;;
