@@ -69,11 +69,13 @@ MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4) 
 #ifndef MM_STREAM_ITEMS_PER_BLOCK
 #define MM_STREAM_ITEMS_PER_BLOCK 4 /* work items the split plan aims at per resident block */
 #endif
+#ifndef MM_STREAM_TARGET_ITEMS /* the plan's item target; 132 SMs fixed: the plan must not depend on the GPU */
+#define MM_STREAM_TARGET_ITEMS ((long)MM_STREAM_ITEMS_PER_BLOCK * MM_STREAM_BLOCKS_PER_SM * 132)
+#endif
 MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
     const long active = slots < E ? slots : E;
     if (active <= 0) return 1;
-    /* 132 SMs (H100 SXM / H200) fixed: the plan must not depend on the GPU the rank runs on. */
-    const long target = (long)MM_STREAM_ITEMS_PER_BLOCK * MM_STREAM_BLOCKS_PER_SM * 132, items = active * y;
+    const long target = MM_STREAM_TARGET_ITEMS, items = active * y;
     long sp = (target + items - 1) / items;
     if (sp > nkc / 8) sp = nkc / 8;
     if (sp > 16) sp = 16;
