@@ -385,6 +385,7 @@ static void test_other_stream_holds_sms(void **state) {
             dev_inputs d;
             dev_upload(&d, &in);
             CK(cudaMemset(d.y, 0xFF, (size_t)T * c.hidden_size * 2));
+            CK(cudaDeviceSynchronize()); /* the forward's stream does not wait for the legacy one */
             cudaStream_t s;
             CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
             tu_occupier o;
