@@ -316,7 +316,9 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
 }
 
 static void free_buffer_storage(megamoe_group *group, mm_buffer *b) {
-    if (is_device(group))
+    if (group->config.backend == MEGAMOE_BACKEND_NCCL) /* as it was allocated: ncclMemAlloc + window */
+        mm_nccl_buffer_free(group, b);
+    else if (is_device(group))
         mm_cuda_buffer_free(group, b);
     else
         for (int r = 0; r < group->local_ranks; r++)
