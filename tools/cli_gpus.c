@@ -13,9 +13,55 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-typedef struct gpu_job {
-    int rank, T, K, H;
+/* What every per-GPU job starts with: its rank, its communicator and its error message. */
+typedef struct rank_job {
+    int rank;
     ncclComm_t comm;
+    char error[1024];
+} rank_job;
+
+static int gpus_visible(const char *cmd, int gpus) {
+    int visible = 0;
+    if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < gpus)
+        return cli_fail("%s: --gpus %d, but %d GPU%s visible", cmd, gpus, visible, visible == 1 ? " is" : "s are");
+    return 0;
+}
+
+/* Runs fn on GPUs 0..gpus-1, one thread and one NCCL rank (ncclCommInitAll) each. jobs: gpus structs of
+ * `stride` bytes, each beginning with a rank_job, filled by the caller but for rank and comm. Returns 0,
+ * or the exit code of the first failure (its message printed). */
+static int on_gpus(const char *cmd, int gpus, void *jobs, size_t stride, void *(*fn)(void *)) {
+    ncclComm_t *comms = calloc((size_t)gpus, sizeof *comms);
+    pthread_t *threads = calloc((size_t)gpus, sizeof *threads);
+    int *devs = calloc((size_t)gpus, sizeof *devs), *started = calloc((size_t)gpus, sizeof *started);
+    int rc = 0;
+    if (!comms || !threads || !devs || !started) rc = cli_fail("out of memory");
+    for (int i = 0; i < gpus && !rc; i++)
+        devs[i] = i;
+    if (!rc && ncclCommInitAll(comms, gpus, devs) != ncclSuccess) rc = cli_fail("%s: ncclCommInitAll failed", cmd);
+    for (int i = 0; i < gpus && !rc; i++) {
+        rank_job *j = (rank_job *)((char *)jobs + (size_t)i * stride);
+        j->rank = i;
+        j->comm = comms[i];
+        if (pthread_create(&threads[i], NULL, fn, j) != 0)
+            rc = cli_fail("%s: cannot start a thread", cmd);
+        else
+            started[i] = 1;
+    }
+    for (int i = 0; i < gpus && started; i++) {
+        const rank_job *j = (const rank_job *)((const char *)jobs + (size_t)i * stride);
+        if (started[i]) pthread_join(threads[i], NULL);
+        if (j->error[0] && !rc) rc = cli_fail("%s", j->error);
+    }
+    for (int i = 0; i < gpus && comms; i++)
+        if (comms[i]) ncclCommDestroy(comms[i]);
+    free(comms), free(threads), free(devs), free(started);
+    return rc;
+}
+
+typedef struct gpu_job {
+    rank_job r; /* first: on_gpus fills rank and comm */
+    int T, K, H;
     const megamoe_layer_config *cfg;
     megamoe_checkpoint *ck;
     const char *prefix;
@@ -24,7 +70,6 @@ typedef struct gpu_job {
     const float *w;
     const uint8_t *pad;
     uint16_t *y;
-    char error[1024];
 } gpu_job;
 
 /* The group of GPU `rank` (its thread's device) on communicator `comm` and a layer on it; on failure
@@ -47,14 +92,14 @@ static megamoe_status rank_layer(int rank, ncclComm_t comm, const megamoe_layer_
 static void *gpu_main(void *arg) {
     gpu_job *j = arg;
     cli_layer L = {0};
-    megamoe_status st = rank_layer(j->rank, j->comm, j->cfg, &L, j->error, sizeof j->error);
+    megamoe_status st = rank_layer(j->r.rank, j->r.comm, j->cfg, &L, j->r.error, sizeof j->r.error);
     if (!st)
-        st = megamoe_layer_load_checkpoint(L.layer, j->ck, j->prefix, j->rank == 0 ? cli_progress : NULL,
+        st = megamoe_layer_load_checkpoint(L.layer, j->ck, j->prefix, j->r.rank == 0 ? cli_progress : NULL,
                                            NULL);
     if (!st) st = megamoe_layer_finalize(L.layer);
     if (!st) st = cli_forward_split_device(&L, j->T, j->K, j->H, j->x, j->ids, j->w, j->pad, j->y, 0, NULL);
-    if (st && !j->error[0])
-        snprintf(j->error, sizeof j->error, "GPU %d: %s: %s", j->rank, megamoe_status_string(st),
+    if (st && !j->r.error[0])
+        snprintf(j->r.error, sizeof j->r.error, "GPU %d: %s: %s", j->r.rank, megamoe_status_string(st),
                  megamoe_layer_last_error(L.layer));
     cli_layer_destroy(&L);
     return NULL;
@@ -63,28 +108,16 @@ static void *gpu_main(void *arg) {
 int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *ck, const char *prefix, int T,
                  int K, int H, const uint16_t *x, const int32_t *ids, const float *w, const uint8_t *pad,
                  uint16_t *y) {
-    int visible = 0;
-    if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < gpus)
-        return cli_fail("run: --gpus %d, but %d GPU%s visible", gpus, visible,
-                        visible == 1 ? " is" : "s are");
-    ncclComm_t *comms = calloc((size_t)gpus, sizeof *comms);
+    if (gpus_visible("run", gpus)) return 1;
     gpu_job *jobs = calloc((size_t)gpus, sizeof *jobs);
-    pthread_t *threads = calloc((size_t)gpus, sizeof *threads);
-    int *devs = calloc((size_t)gpus, sizeof *devs);
-    int rc = 0;
-    if (!comms || !jobs || !threads || !devs) rc = cli_fail("out of memory");
-    for (int i = 0; i < gpus && !rc; i++)
-        devs[i] = i;
-    if (!rc && ncclCommInitAll(comms, gpus, devs) != ncclSuccess)
-        rc = cli_fail("run: ncclCommInitAll failed");
+    if (!jobs) return cli_fail("out of memory");
     const int chunk = (T + gpus - 1) / gpus;
-    for (int i = 0; i < gpus && !rc; i++) {
+    for (int i = 0; i < gpus; i++) {
         const int t0 = i * chunk < T ? i * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-        jobs[i] = (gpu_job){i,
+        jobs[i] = (gpu_job){{0},
                             t1 - t0,
                             K,
                             H,
-                            comms[i],
                             cfg,
                             ck,
                             prefix,
@@ -92,34 +125,25 @@ int cli_run_gpus(int gpus, const megamoe_layer_config *cfg, megamoe_checkpoint *
                             ids + (size_t)t0 * K,
                             w + (size_t)t0 * K,
                             pad ? pad + t0 : NULL,
-                            y + (size_t)t0 * H,
-                            {0}};
-        if (pthread_create(&threads[i], NULL, gpu_main, &jobs[i]) != 0)
-            rc = cli_fail("run: cannot start a thread");
+                            y + (size_t)t0 * H};
     }
-    for (int i = 0; i < gpus && comms && comms[0]; i++) {
-        if (threads[i]) pthread_join(threads[i], NULL);
-        if (jobs[i].error[0] && !rc) rc = cli_fail("%s", jobs[i].error);
-    }
-    for (int i = 0; i < gpus && comms; i++)
-        if (comms[i]) ncclCommDestroy(comms[i]);
-    free(comms), free(jobs), free(threads), free(devs);
+    const int rc = on_gpus("run", gpus, jobs, sizeof *jobs, gpu_main);
+    free(jobs);
     return rc;
 }
 
 /* ---- bench --gpus ------------------------------------------------------------------------------ */
 
 typedef struct bench_job {
-    int rank, gpus, nT, iters;
+    rank_job r; /* first: on_gpus fills rank and comm */
+    int gpus, nT, iters;
     const int *Ts;
     uint64_t seed;
-    ncclComm_t comm;
     const megamoe_layer_config *cfg;
     cli_bench_loader load;
     double *ms;          /* [nT] median per forward on this rank */
     double *remote_frac; /* [nT] share of this rank's slots routed to another rank */
     char *used;          /* [nT][E] 1 where one of this rank's tokens went to the expert */
-    char error[1024];
 } bench_job;
 
 static void *bench_main(void *arg) {
@@ -129,9 +153,9 @@ static void *bench_main(void *arg) {
     lc.timeout_ms = 120000; /* the ranks make their random inputs on the host at different speeds */
     const megamoe_layer_config *c = &lc;
     const int K = c->top_k, H = c->hidden_size, E = c->num_experts, E_r = E / j->gpus;
-    megamoe_status st = rank_layer(j->rank, j->comm, c, &L, j->error, sizeof j->error);
+    megamoe_status st = rank_layer(j->r.rank, j->r.comm, c, &L, j->r.error, sizeof j->r.error);
     if (!st && j->load(L.layer, c, j->seed)) {
-        snprintf(j->error, sizeof j->error, "GPU %d: loading the random weights failed", j->rank);
+        snprintf(j->r.error, sizeof j->r.error, "GPU %d: loading the random weights failed", j->r.rank);
         st = MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     for (int ti = 0; ti < j->nT && !st; ti++) {
@@ -141,9 +165,9 @@ static void *bench_main(void *arg) {
         int32_t *ids = malloc((size_t)T * K * 4 + 4);
         float *w = malloc((size_t)T * K * 4 + 4);
         char *used = j->used + (size_t)ti * E;
-        cli_rng r = {j->seed + (uint64_t)T * 7919u + (uint64_t)j->rank * 104729u};
+        cli_rng r = {j->seed + (uint64_t)T * 7919u + (uint64_t)j->r.rank * 104729u};
         if (!x || !y || !ids || !w) {
-            snprintf(j->error, sizeof j->error, "GPU %d: out of host memory", j->rank);
+            snprintf(j->r.error, sizeof j->r.error, "GPU %d: out of host memory", j->r.rank);
             st = MEGAMOE_ERR_OUT_OF_MEMORY;
         } else {
             for (size_t i = 0; i < xn; i++)
@@ -151,11 +175,11 @@ static void *bench_main(void *arg) {
             cli_random_routing(&r, T, K, E, ids, w);
             st = cli_forward_split_device(&L, T, K, H, x, ids, w, NULL, y, j->iters, &j->ms[ti]);
             if (st)
-                snprintf(j->error, sizeof j->error, "GPU %d: %s: %s", j->rank, megamoe_status_string(st),
+                snprintf(j->r.error, sizeof j->r.error, "GPU %d: %s: %s", j->r.rank, megamoe_status_string(st),
                          megamoe_layer_last_error(L.layer));
             long remote = 0;
             for (size_t i = 0; i < (size_t)T * K; i++) {
-                remote += ids[i] / E_r != j->rank;
+                remote += ids[i] / E_r != j->r.rank;
                 used[ids[i]] = 1;
             }
             j->remote_frac[ti] = T > 0 ? (double)remote / ((double)T * K) : 0.0;
@@ -168,33 +192,20 @@ static void *bench_main(void *arg) {
 
 int cli_bench_gpus(int gpus, const megamoe_layer_config *cfg, cli_bench_loader load, uint64_t seed, const int *Ts,
                    int nT, int iters) {
-    int visible = 0;
-    if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < gpus)
-        return cli_fail("bench: --gpus %d, but %d GPU%s visible", gpus, visible, visible == 1 ? " is" : "s are");
+    if (gpus_visible("bench", gpus)) return 1;
     if (cfg->num_experts % gpus != 0)
         return cli_fail("bench: --experts %d is not a multiple of --gpus %d", cfg->num_experts, gpus);
-    ncclComm_t *comms = calloc((size_t)gpus, sizeof *comms);
     bench_job *jobs = calloc((size_t)gpus, sizeof *jobs);
-    pthread_t *threads = calloc((size_t)gpus, sizeof *threads);
-    int *devs = calloc((size_t)gpus, sizeof *devs), *started = calloc((size_t)gpus, sizeof *started);
     double *ms = calloc((size_t)gpus * nT * 2, sizeof *ms);
     char *used = calloc((size_t)gpus * nT * cfg->num_experts, 1);
     int rc = 0;
-    if (!comms || !jobs || !threads || !devs || !started || !ms || !used) rc = cli_fail("out of memory");
+    if (!jobs || !ms || !used) rc = cli_fail("out of memory");
     for (int i = 0; i < gpus && !rc; i++)
-        devs[i] = i;
-    if (!rc && ncclCommInitAll(comms, gpus, devs) != ncclSuccess) rc = cli_fail("bench: ncclCommInitAll failed");
-    fprintf(stderr, "bench: loading random weights on %d GPUs...\n", gpus);
-    for (int i = 0; i < gpus && !rc; i++) {
-        jobs[i] = (bench_job){i, gpus, nT, iters, Ts, seed, comms[i], cfg, load,
-                              ms + (size_t)i * nT, ms + (size_t)(gpus + i) * nT,
-                              used + (size_t)i * nT * cfg->num_experts, {0}};
-        if (pthread_create(&threads[i], NULL, bench_main, &jobs[i]) != 0) rc = cli_fail("bench: cannot start a thread");
-        else started[i] = 1;
-    }
-    for (int i = 0; i < gpus; i++) {
-        if (started[i]) pthread_join(threads[i], NULL);
-        if (jobs[i].error[0] && !rc) rc = cli_fail("%s", jobs[i].error);
+        jobs[i] = (bench_job){{0}, gpus, nT, iters, Ts, seed, cfg, load, ms + (size_t)i * nT,
+                              ms + (size_t)(gpus + i) * nT, used + (size_t)i * nT * cfg->num_experts};
+    if (!rc) {
+        fprintf(stderr, "bench: loading random weights on %d GPUs...\n", gpus);
+        rc = on_gpus("bench", gpus, jobs, sizeof *jobs, bench_main);
     }
     const int H = cfg->hidden_size, I = cfg->intermediate_size, K = cfg->top_k;
     const int nvfp4 = cfg->format == MEGAMOE_FORMAT_NVFP4;
@@ -225,9 +236,7 @@ int cli_bench_gpus(int gpus, const megamoe_layer_config *cfg, cli_bench_loader l
                link / sec / 1e9, link / 1e6);
         fflush(stdout);
     }
-    for (int i = 0; i < gpus && comms; i++)
-        if (comms[i]) ncclCommDestroy(comms[i]);
-    free(comms), free(jobs), free(threads), free(devs), free(started), free(ms), free(used);
+    free(jobs), free(ms), free(used);
     return rc;
 }
 #else
