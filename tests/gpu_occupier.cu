@@ -1,14 +1,17 @@
 /*
  * gpu_occupier.cu -- for test_gpu: a kernel on its own stream that holds part of every SM (one block
- * of 512 threads and 16 KB of shared memory per SM) until the host releases it, so that a forward on
+ * of 128 threads and 16 KB of shared memory per SM) until the host releases it, so that a forward on
  * another stream has to finish with fewer of its blocks resident than its grid holds (issue 3: a
- * persistent kernel must not hang when another stream occupies SMs).
+ * persistent kernel must not hang when another stream occupies SMs). Sized so that one block of
+ * every forward kernel still fits beside it (16 KB of 228: the streaming kernel then has 3 of its 4
+ * blocks per SM resident, the NVFP4 wgmma kernel 1 of 2; 2K registers: the 128-token BF16 wgmma
+ * block of 58K registers still fits).
  */
 #include <cuda_runtime.h>
 
 #include "gpu_occupier.h"
 
-#define OCC_THREADS 512
+#define OCC_THREADS 128
 #define OCC_SMEM (16 * 1024)
 
 /* flags[0]: set by the host to release; flags[1]: blocks that have started. Gives up by itself after
