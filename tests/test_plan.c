@@ -44,12 +44,20 @@ static void stream_case(int E, int K, int H, int I, long slots, int y, int nkc) 
         assert_true(nkc / sp >= 8); /* every split sums 8 K steps or more */
         /* [splits][slabs][slot rows][128] f32 within MM_SPLITK_ENTRIES x 128 x 64 f32 */
         assert_true((long)sp * y * slots * 128 <= (long)MM_SPLITK_ENTRIES * 128 * 64);
+        /* the last-arriver counters, one per (tile, slab, consumer warp) of a rank's tiles */
+        const long active = slots < E ? slots : E;
+        assert_true((active + slots / MM_TILE_TOKENS) * y * MM_STREAM_WARPS <= MM_SPLITK_ENTRIES);
+        /* splits only while the items stay within one per resident block */
+        assert_true((long)sp * active * y <= MM_STREAM_TARGET_ITEMS);
     }
 }
 
 static void test_stream_splits_fit_the_workspace(void **state) {
     (void)state;
     for_each_case(stream_case);
+    /* DeepSeek-V3-like T = 1 (8 slots): gate/up in 2 splits, down unsplit (measured best, gemm_plan.h) */
+    assert_int_equal(plan_stream_splits(8, 256, 2 * 2048 / 128, 7168 / 64), 2);
+    assert_int_equal(plan_stream_splits(8, 256, 7168 / 128, 2048 / 64), 1);
 }
 
 static void mma_case(int E, int K, int H, int I, long slots, int y, int nkc) {

@@ -12,11 +12,14 @@
  * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
  * a header (steps, tokens, rows, expert, slab, split) and per token its slot code and scale in the
  * row's padding, so the consumers never wait for the routing tables.
- * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only; the
- * consumer warps store their partial sums and go on (a last-arriver test, with its fence and
- * returning atomic, stalled them ~2 us per item: Mixtral T=8 ran at 1.6 TB/s); a small kernel
- * after each phase adds them in split order (deterministic) and runs the shared epilogue. So y
- * stays bitwise independent of R and of the number of GPUs.
+ * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
+ * makes at most about one item per resident block, so a split only happens when a phase has fewer
+ * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
+ * partial sums, fences and counts itself in for its (tile, slab) rows; the warp that comes last adds
+ * the splits in split order (deterministic, so y stays bitwise independent of R and of the number
+ * of GPUs) and runs the epilogue. The fence and returning atomic stall a warp ~2 us, once per item:
+ * once per block at most with this plan (with 4 items per block it cost Mixtral T=8 a quarter of
+ * its rate, so the earlier design added the partials in a kernel after each phase, ~10 us each).
  * Hand-offs are those of CUTLASS's TMA pipelines: consumers wait on the phase parity of `full`
  * without arriving on it, the producer on that of `empty`. compute-sanitizer's racecheck reports
  * such hand-offs as hazards even in a minimal correct kernel (dev/sm90_racecheck_probe.cu: modes 0,
@@ -30,7 +33,7 @@
 #include "sm90_async.cuh"
 #include "sm90_gemm_common.cuh"
 
-#define ST_WARPS 4                   /* consumer warps; one producer warp more */
+#define ST_WARPS MM_STREAM_WARPS     /* consumer warps (4); one producer warp more */
 #define ST_THREADS ((ST_WARPS + 1) * 32)
 #define ST_COLS 16                   /* tokens per chunk */
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
@@ -63,8 +66,12 @@ __device__ __forceinline__ float *st_partial(float *ws, int Y, long slots, int s
 /* What the producer tells the consumers with the first step of a chunk (steps == 0: no more work). */
 struct st_header {
     int steps, ncols, first, e; /* K steps; tokens (<= 16); their first row of slots / act; expert */
-    int y, split, r, pad;       /* slab; K split; local rank                                      */
+    int y, split, r, tc;        /* slab; K split; local rank; tile << 9 | chunk << 7 | the tile's tokens */
 };
+/* The packed field tc (split-K's last arriver): tile, the chunk's index in it, the tile's tokens. */
+__device__ __forceinline__ int st_tile(const st_header &h) { return h.tc >> 9; }
+__device__ __forceinline__ int st_tcols(const st_header &h) { return h.tc & 127; }
+__device__ __forceinline__ int st_tfirst(const st_header &h) { return h.first - ((h.tc >> 7) & 3) * ST_COLS; }
 
 struct st_params {
     int Y, nkc, splits, items;
@@ -132,7 +139,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                         *(float *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 132) = scale;
                     }
                     if (lane == 0)
-                        hdr[slot] = {kc1 - kc0, nc, row0, e, y, split, r, 0};
+                        hdr[slot] = {kc1 - kc0, nc, row0, e, y, split, r, tile << 9 | chunk << 7 | ncols};
                     __syncwarp(); /* the header is written before lane 0 arrives (release) */
                 }
                 if (lane == 0) {
@@ -154,14 +161,65 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     }
 }
 
+/* Split-K, by the warp that stored a (tile, slab)'s partial sums last: for each 16-token chunk of the
+ * tile, its 32 rows' partials added in split order (deterministic: y independent of R, of the number
+ * of GPUs and of which block came last), then the phase's epilogue. The splits are read one at a
+ * time, a lane's 16 loads in flight (two at a time spilled registers of the streaming loop).
+ * col_code / col_scale: this warp's column table. */
+template <int PHASE>
+__device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                               const mm_dev_weights *weights, const st_params &p, const st_header &h,
+                                               uint8_t *mine, int *col_code, float *col_scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const float *ws = (const float *)(mine + L.splitk_ws);
+    const size_t split_stride = (size_t)p.Y * p.slots * 128;
+    const int tcols = st_tcols(h), tfirst = st_tfirst(h);
+    for (int chunk = 0; chunk * ST_COLS < tcols; chunk++) {
+        const int nc = min(ST_COLS, tcols - chunk * ST_COLS), first = tfirst + chunk * ST_COLS;
+        __syncwarp(); /* the previous chunk's epilogue has read the column table */
+        if (lane < ST_COLS) {
+            const int code = lane < nc ? ((const int32_t *)(mine + L.slots))[first + lane] : -1;
+            float scale = 1.0f;
+            if (PHASE == PHASE_GATE_UP && code >= 0) {
+                const slot_info si = decode_slot(sh, code);
+                scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
+            }
+            col_code[lane] = code;
+            col_scale[lane] = scale;
+        }
+        __syncwarp();
+        /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1)
+         * of the slab; offsets from one base are constants. */
+        const float *base = st_partial((float *)ws, p.Y, p.slots, 0, h.y, first + 2 * c, 32 * warp + g);
+        float acc[GROUPS_PER_WARP][8];
+        for (int sp = 0; sp < p.splits; sp++) {
+            float v[GROUPS_PER_WARP][8];
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int col = (i >> 2) * 8 + 2 * c + (i & 1);
+                    const size_t off = (size_t)sp * split_stride + ((i >> 2) * 8 + (i & 1)) * 128 + 16 * q + 8 * ((i & 3) >> 1);
+                    v[q][i] = col < nc ? __ldcg(base + off) : 0.0f;
+                }
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[q][i] = sp == 0 ? v[q][i] : acc[q][i] + v[q][i]; /* split 0 first: no 0 + (-0) */
+        }
+        gemm_epilogue<PHASE, true, 2>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
+                                      8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+    }
+}
+
 /* One consumer warp's K steps of one chunk of NT n-tiles (8 tokens each), then split-K and the
  * epilogue. n: the block's step count, advanced past the chunk. */
 template <int PHASE, int NT>
-__device__ __forceinline__ void st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
+__device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
                                                  uint8_t *const *peers, const mm_dev_weights *weights,
                                                  const st_params &p, const st_header &h, uint8_t *ring,
-                                                 uint64_t *full, uint64_t *empty, const int *col_code,
-                                                 const float *col_scale, int &n) {
+                                                 uint64_t *full, uint64_t *empty, int *col_code,
+                                                 float *col_scale, int &n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     float acc[GROUPS_PER_WARP][NT * 4];
 #pragma unroll
@@ -203,7 +261,7 @@ __device__ __forceinline__ void st_consume_chunk(const mm_dev_shape &sh, const m
     }
 
     uint8_t *mine = peers[sh.first_rank + h.r];
-    if (p.splits > 1) { /* partial sums out, not waited for; sm90_expert_stream_finish adds them */
+    if (p.splits > 1) { /* partial sums out; the warp that stores a (tile, slab) last adds them up */
         float *ws = (float *)(mine + L.splitk_ws);
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++)
@@ -213,10 +271,21 @@ __device__ __forceinline__ void st_consume_chunk(const mm_dev_shape &sh, const m
                 const int row = 16 * (GROUPS_PER_WARP * warp + q) + g + 8 * ((i & 3) >> 1);
                 if (col < h.ncols) __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
             }
-        return;
+        __threadfence();
+        __syncwarp();
+        /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
+        int *counter = (int *)(mine + L.splitk_counters) + ((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp;
+        int old = 0;
+        if (lane == 0) old = atomicAdd(counter, 1);
+        old = __shfl_sync(0xFFFFFFFFu, old, 0);
+        if (old != p.splits * ((st_tcols(h) + ST_COLS - 1) / ST_COLS) - 1) return false;
+        if (lane == 0) *counter = 0; /* ready for the next forward */
+        __threadfence();
+        return true; /* the caller adds the splits up (st_finish_warp, inlined once) */
     }
     gemm_epilogue<PHASE, true, NT>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
                                    8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+    return false;
 }
 
 template <int PHASE>
@@ -266,86 +335,13 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
             col_scale[warp][lane] = *(const float *)(pad + 4);
         }
         __syncwarp();
-        if (h.ncols > 8)
-            st_consume_chunk<PHASE, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
-        else
-            st_consume_chunk<PHASE, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+        const bool last =
+            h.ncols > 8
+                ? st_consume_chunk<PHASE, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
+                : st_consume_chunk<PHASE, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+        if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
-}
-
-/* After a split phase: the partial sums of each (tile, 16-token chunk, slab) added in split order
- * (deterministic), then the phase's epilogue, by 4 warps of 32 rows as in the streaming kernel.
- * Grid (tiles, slabs, local ranks x chunks per tile); blocks past the forward's work leave at once. */
-template <int PHASE>
-__global__ void __launch_bounds__(ST_WARPS * 32) sm90_expert_stream_finish(mm_dev_shape sh, mm_buffer_layout L,
-                                                                           uint8_t *const *peers,
-                                                                           const mm_dev_weights *weights, int force) {
-    mm_wait_previous();
-    __shared__ int col_code[ST_COLS];
-    __shared__ float col_scale[ST_COLS];
-    const int Y = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (PHASE == PHASE_GATE_UP ? sh.H : sh.I) / BK;
-    const long slots = global_slots(sh, L, peers);
-    if (gemm_choice(force, slots, sh.E, plan_splitk(slots, sh.E, Y, nkc).splits, true) != GEMM_STREAM) return;
-    const int splits = plan_stream_splits(slots, sh.E, Y, nkc);
-    if (splits < 2) return; /* the streaming kernel ran the epilogue */
-    const int chunks = gridDim.z / sh.local_ranks;
-    const int r = blockIdx.z / chunks, chunk = blockIdx.z % chunks, tile = blockIdx.x, y = blockIdx.y;
-    uint8_t *mine = peers[sh.first_rank + r];
-    if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
-    const int e = ((const int32_t *)(mine + L.tile_expert))[tile];
-    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    const int count = ((const int32_t *)(mine + L.expert_count))[e];
-    const int nc = min(ST_COLS, min(MM_TILE_TOKENS, count - start) - chunk * ST_COLS);
-    if (nc <= 0) return;
-    const int first = ((const int32_t *)(mine + L.expert_offset))[e] + start + chunk * ST_COLS;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    if (threadIdx.x < ST_COLS) {
-        const int code = (int)threadIdx.x < nc ? ((const int32_t *)(mine + L.slots))[first + threadIdx.x] : -1;
-        float scale = 1.0f;
-        if (PHASE == PHASE_GATE_UP && code >= 0) {
-            const slot_info si = decode_slot(sh, code);
-            scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
-        }
-        col_code[threadIdx.x] = code;
-        col_scale[threadIdx.x] = scale;
-    }
-    __syncthreads();
-    /* The splits four at a time with all of a thread's 16 loads of each in flight (a load, add, load
-     * chain per value waited for memory once per split and value: 16-23 us at T = 1 under ncu). The
-     * sum stays in split order, split 0 first (no 0 + (-0)). */
-    const float *ws = (const float *)(mine + L.splitk_ws);
-    const size_t split_stride = (size_t)Y * slots * 128;
-    const float *src[GROUPS_PER_WARP][8];
-    float acc[GROUPS_PER_WARP][8];
-#pragma unroll
-    for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int col = (i >> 2) * 8 + 2 * c + (i & 1);
-            const int row = 16 * (GROUPS_PER_WARP * warp + q) + g + 8 * ((i & 3) >> 1);
-            src[q][i] = col < nc ? st_partial((float *)ws, Y, slots, 0, y, first + col, row) : NULL;
-            acc[q][i] = 0.0f;
-        }
-    for (int sp0 = 0; sp0 < splits; sp0 += 4) {
-        float v[4][GROUPS_PER_WARP][8];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    v[u][q][i] = src[q][i] && sp0 + u < splits ? __ldcg(src[q][i] + (sp0 + u) * split_stride) : 0.0f;
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if (sp0 + u < splits) acc[q][i] = sp0 + u == 0 ? v[u][q][i] : acc[q][i] + v[u][q][i];
-    }
-    gemm_epilogue<PHASE, true, 2>(acc, sh, L, peers, mine, weights[r], e, first, nc, (nc + 7) / 8,
-                                  8 * y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
 }
 
 megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
@@ -360,21 +356,10 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
     const int grid = (int)(bound < (long)ST_BLOCKS_PER_SM * sms ? bound : (long)ST_BLOCKS_PER_SM * sms);
     if (grid <= 0) return MEGAMOE_OK;
-    /* The finish kernel only when the plan splits (the host knows the group's count in one process;
-     * with NCCL it launches it and the kernel decides). */
-    const int nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
-    const bool finish = sh.local_ranks < sh.R || plan_stream_splits(slots, sh.E, Y, nkc) > 1;
-    /* Chunks of 16 tokens per tile: at most 4, fewer when the group has fewer slots (one process). */
-    const long cols = slots < MM_TILE_TOKENS ? slots : MM_TILE_TOKENS;
-    const int chunks = sh.local_ranks < sh.R || cols <= 0 ? 4 : (int)((cols + ST_COLS - 1) / ST_COLS);
-    const dim3 fgrid(tiles, Y, sh.local_ranks * chunks);
-    if (phase == PHASE_GATE_UP) {
+    if (phase == PHASE_GATE_UP)
         MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_GATE_UP>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
-        if (finish) MM_CUDA_TRY(mm_launch(sm90_expert_stream_finish<PHASE_GATE_UP>, fgrid, ST_WARPS * 32, 0, s, sh, L, peers, weights, force));
-    } else {
+    else
         MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_DOWN>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
-        if (finish) MM_CUDA_TRY(mm_launch(sm90_expert_stream_finish<PHASE_DOWN>, fgrid, ST_WARPS * 32, 0, s, sh, L, peers, weights, force));
-    }
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
