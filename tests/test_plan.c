@@ -60,6 +60,31 @@ static void test_stream_splits_fit_the_workspace(void **state) {
     assert_int_equal(plan_stream_splits(8, 256, 7168 / 128, 2048 / 64), 1);
 }
 
+static void wgmma_case(int E, int K, int H, int I, long slots, int y, int nkc) {
+    (void)K, (void)H, (void)I, (void)y;
+    const int wy = y * 128 / MM_WGMMA_ROWS; /* for_each_case passes 128-row slabs */
+    if (wy < 1) return;
+    const splitk_plan p = plan_wgmma_splits(slots, E, wy, nkc);
+    assert_true(p.splits >= 1 && p.splits <= 8);
+    assert_true(p.splits <= wgmma_splits_wanted(slots, E, wy, nkc));
+    const long active = slots < E ? slots : E;
+    assert_true(p.ws_tiles >= active + slots / MM_TILE_TOKENS);
+    if (p.splits > 1) {
+        assert_true(nkc / p.splits >= 8);
+        assert_true(2L * wy * p.ws_tiles * p.splits <= MM_SPLITK_ENTRIES); /* 64 KB per block and split */
+    }
+    /* NCCL: the splits wanted never grow with the slot count, so a rank's own count bounds the group's */
+    assert_true(wgmma_splits_wanted(slots * 2, E, wy, nkc) <= wgmma_splits_wanted(slots, E, wy, nkc));
+}
+
+static void test_wgmma_splits_fit_the_workspace(void **state) {
+    (void)state;
+    for_each_case(wgmma_case);
+    /* Mixtral-like T = 128 (256 slots): the down projection (16 row blocks x 8 tiles) in 2 splits */
+    assert_int_equal(plan_wgmma_splits(256, 8, 4096 / MM_WGMMA_ROWS, 14336 / 64).splits, 2);
+    assert_int_equal(plan_wgmma_splits(256, 8, 2 * 14336 / MM_WGMMA_ROWS, 4096 / 64).splits, 1);
+}
+
 static void mma_case(int E, int K, int H, int I, long slots, int y, int nkc) {
     (void)K, (void)H, (void)I;
     const splitk_plan p = plan_splitk(slots, E, y, nkc);
@@ -124,6 +149,7 @@ static void test_gemm_choice_rules(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_splits_fit_the_workspace),
+        cmocka_unit_test(test_wgmma_splits_fit_the_workspace),
         cmocka_unit_test(test_mma_splits_fit_the_workspace),
         cmocka_unit_test(test_nccl_launch_bounds_hold),
         cmocka_unit_test(test_layout_reserves_the_workspace),

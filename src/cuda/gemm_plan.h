@@ -89,4 +89,30 @@ MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
     return sp < 2 ? 1 : (int)sp;
 }
 
+/* The NVFP4 wgmma kernel's split-K (sm90_expert_wgmma.cu): blocks of 256 weight rows x one token
+ * tile, 2 resident per SM. With few experts and a long K (Mixtral-like down projection, 16-64 tokens
+ * per expert: 8 tiles x 16 row blocks = 128 blocks of 224 K steps) the blocks are fewer than the
+ * resident slots and the weights stream through half the GPU; then K is split into as many parts as
+ * keep the blocks within one resident wave, each 8 K steps or more, at most 8, and only while the
+ * partial sums (64 KB per block and split: two workspace entries) and the counters fit. The tiles
+ * are estimated from the slot count (each active expert at least one, at most 64 tokens each);
+ * the wanted splits never grow with the slot count, so a rank's own count bounds the group's (NCCL). */
+#define MM_WGMMA_ROWS 256           /* weight rows per wgmma block */
+#define MM_WGMMA_RESIDENT (2 * 132) /* NVFP4 wgmma blocks resident; 132 SMs fixed, as above */
+MM_PLAN_FN int wgmma_splits_wanted(long slots, int E, int y, int nkc) {
+    const long active = slots < E ? slots : E, full = (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+    const long tiles = active > full ? active : full, blocks = tiles * y > 0 ? tiles * y : 1;
+    long sp = MM_WGMMA_RESIDENT / blocks;
+    if (sp > nkc / 8) sp = nkc / 8;
+    return sp > 8 ? 8 : sp < 1 ? 1 : (int)sp;
+}
+MM_PLAN_FN splitk_plan plan_wgmma_splits(long slots, int E, int y, int nkc) {
+    const long active = slots < E ? slots : E;
+    const int ws_tiles = (int)(active + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    int sp = wgmma_splits_wanted(slots, E, y, nkc);
+    if (sp < 2 || 2L * y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
+    const splitk_plan plan = {sp, ws_tiles};
+    return plan;
+}
+
 #endif /* MEGAMOE_GEMM_PLAN_H */

@@ -262,9 +262,10 @@ static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, cons
     return MEGAMOE_OK;
 }
 
-/* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`. */
+/* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`
+ * (with wsp K splits per rank in its grid, NVFP4). */
 template <int PH>
-static megamoe_status launch_phase(int kernel, bool wgmma, dim3 grid, int sp, int tiles, long slots,
+static megamoe_status launch_phase(int kernel, bool wgmma, int wsp, dim3 grid, int sp, int tiles, long slots,
                                    const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                    const mm_dev_weights *weights, int force, cudaStream_t s) {
     megamoe_status st = MEGAMOE_OK;
@@ -272,7 +273,7 @@ static megamoe_status launch_phase(int kernel, bool wgmma, dim3 grid, int sp, in
         st = sh.nvfp4 ? launch_mma<PH, true>(grid, sp, sh, L, peers, weights, force, s)
                       : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
     if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
-    if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, force, s);
+    if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
     return st;
 }
 
@@ -302,10 +303,14 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int k1 = gemm_choice(force, slots, sh.E, sp1, nv), k2 = gemm_choice(force, slots, sh.E, sp2, nv);
     const bool wgmma_possible = gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv) == GEMM_WGMMA;
     const bool wg1 = nccl ? wgmma_possible : k1 == GEMM_WGMMA, wg2 = nccl ? wgmma_possible : k2 == GEMM_WGMMA;
-    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, grid_gate_up, sp1, tiles, slots, sh, L, peers, weights,
-                                                     force, s);
+    /* The wgmma kernel's K splits (NVFP4), planned like the mma.sync kernel's. */
+    const int wy1 = 2 * sh.I / MM_WGMMA_ROWS, wy2 = sh.H / MM_WGMMA_ROWS;
+    const int wsp1 = nccl ? wgmma_splits_wanted(slots, sh.E, wy1, sh.H / BK) : plan_wgmma_splits(slots, sh.E, wy1, sh.H / BK).splits;
+    const int wsp2 = nccl ? wgmma_splits_wanted(slots, sh.E, wy2, sh.I / BK) : plan_wgmma_splits(slots, sh.E, wy2, sh.I / BK).splits;
+    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L, peers,
+                                                     weights, force, s);
     if (st == MEGAMOE_OK)
-        st = launch_phase<PHASE_DOWN>(k2, wg2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force, s);
+        st = launch_phase<PHASE_DOWN>(k2, wg2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;

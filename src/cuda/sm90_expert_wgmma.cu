@@ -32,6 +32,7 @@
 #define WG_NVFP4_BLOCKS 2
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
+static_assert(WG_ROWS == MM_WGMMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
 
 __host__ __device__ constexpr int a_slot_bytes(bool nvfp4) { return nvfp4 ? A_SLOT : 2048; }
 __host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
@@ -88,28 +89,42 @@ __device__ __forceinline__ void keep_alive(uint32_t (&a)[GROUPS_PER_WARP][4][4])
             for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
 }
 
-template <int PHASE, bool NVFP4>
+/* Split-K workspace of the wgmma kernel: per (row block, tile) entry and split, the block's
+ * accumulators, value v of thread tid at v * WG_THREADS + tid (coalesced); 64 KB, two entries. */
+__device__ __forceinline__ float *wg_part(float *ws, size_t entry, int splits, int split, int v, int tid) {
+    return ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WG_THREADS) + (size_t)v * WG_THREADS + tid;
+}
+
+/* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split. */
+template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                           uint8_t *const *peers,
-                                                                          const mm_dev_weights *weights, int force) {
+                                                                          const mm_dev_weights *weights,
+                                                                          int grid_splits, int force) {
     mm_wait_previous();
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int col_code[MM_TILE_TOKENS], col_src[MM_TILE_TOKENS], col_token[MM_TILE_TOKENS];
     __shared__ float col_scale[MM_TILE_TOKENS];
     constexpr bool nvfp4 = NVFP4;
 
-    const int r = sh.first_rank + (int)blockIdx.z, tile = blockIdx.x;
+    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits, tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
     if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4) != GEMM_WGMMA) return; /* another kernel has it */
+    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
+    /* Split-K: this block sums K steps [kc0, kc1); the last of the splits adds the partial sums in
+     * split order (deterministic) and runs the epilogue. */
+    const splitk_plan wplan = plan_wgmma_splits(slots, sh.E, rows_total / WG_ROWS, nkc);
+    const int splits = SPLIT && nvfp4 ? wplan.splits : 1;
+    if (split >= splits) return; /* NCCL: the host launched the most its own count may plan */
+    const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
 
     const tile_info ti = load_tile(L, mine, tile);
     const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
     const mm_dev_weights W = weights[r - sh.first_rank];
 
     uint8_t *bring = smem;
@@ -142,8 +157,8 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     const size_t group0 = (size_t)e * groups_per_expert + wgroup;
 
     auto issue = [&](int kc) {
-        if (kc < nkc) {
-            issue_a<WG_STAGES, nvfp4>(aring, codes, sfs, wb, group0, kc, nkc, nkc, lane);
+        if (kc < kc1) {
+            issue_a<WG_STAGES, nvfp4>(aring, codes, sfs, wb, group0, kc, kc1, nkc, lane);
             uint8_t *slot = bring + (kc % WG_STAGES) * B_SLOT;
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -177,7 +192,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             /* k16 step s: K core-matrix columns 2s, 2s + 1 */
             const uint64_t db = smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
 #pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > 0 || s > 0);
+            for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
         }
         wgmma_commit();
         wgmma_wait<1>();
@@ -185,48 +200,98 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     };
     a_regs a0, a1;
 #pragma unroll
-    for (int st = 0; st < WG_STAGES - 2; st++) issue(st);
-    int kc = 0;
-    for (; kc + 1 < nkc; kc += 2) {
+    for (int st = 0; st < WG_STAGES - 2; st++) issue(kc0 + st);
+    int kc = kc0;
+    for (; kc + 1 < kc1; kc += 2) {
         step(kc, a0, a1);
         step(kc + 1, a1, a0);
     }
-    if (kc < nkc) step(kc, a0, a1);
+    if (kc < kc1) step(kc, a0, a1);
     wgmma_wait<0>();
     keep_alive(a0);
     keep_alive(a1);
+
+    if (SPLIT && splits > 1) {
+        __shared__ int is_last;
+        const size_t entry = (size_t)blockIdx.y * wplan.ws_tiles + tile; /* the plan keeps it in the workspace */
+        float *ws = (float *)(mine + L.splitk_ws);
+        /* Only the n-tiles that hold tokens travel. */
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < ntiles_n)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        __stcg(wg_part(ws, entry, splits, split, (q * 8 + i) * 4 + j, tid), acc[q][i * 4 + j]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int *counter = (int *)(mine + L.splitk_counters) + entry;
+            is_last = atomicAdd(counter, 1) == splits - 1;
+            if (is_last) *counter = 0; /* ready for the next forward */
+        }
+        __syncthreads();
+        if (!is_last) return;
+        __threadfence();
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < ntiles_n)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const int v = (q * 8 + i) * 4 + j;
+                        float sum = __ldcg(wg_part(ws, entry, splits, 0, v, tid)); /* split 0 first: no 0 + (-0) */
+                        for (int sp = 1; sp < splits; sp++) sum += __ldcg(wg_part(ws, entry, splits, sp, v, tid));
+                        acc[q][i * 4 + j] = sum;
+                    }
+    }
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,
                                 lane);
 }
 
-megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
-                                        cudaStream_t s) {
-    const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
-    const dim3 grid(tiles, rows / WG_ROWS, sh.local_ranks);
+/* One phase; sp > 1 (NVFP4 only): the split-K instantiation with sp splits per rank in the grid. */
+template <int PH>
+static megamoe_status wgmma_launch_phase(dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                         uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
     const int smem = wgmma_smem_bytes(sh.nvfp4 != 0);
-    if (phase == PHASE_GATE_UP) {
-        if (sh.nvfp4) MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_GATE_UP, true>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
-        else MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_GATE_UP, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
-    } else {
-        if (sh.nvfp4) MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_DOWN, true>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
-        else MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PHASE_DOWN, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, force));
-    }
+    if (!sh.nvfp4)
+        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, false, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
+    else if (sp > 1)
+        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, true>, grid, WG_THREADS, smem, s, sh, L, peers, weights, sp, force));
+    else
+        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
+    return MEGAMOE_OK;
+}
+
+megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int splits,
+                                        int force, cudaStream_t s) {
+    const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
+    const int sp = sh.nvfp4 && splits > 1 ? splits : 1;
+    const dim3 grid(tiles, rows / WG_ROWS, sh.local_ranks * sp);
+    const megamoe_status st = phase == PHASE_GATE_UP
+                                  ? wgmma_launch_phase<PHASE_GATE_UP>(grid, sp, sh, L, peers, weights, force, s)
+                                  : wgmma_launch_phase<PHASE_DOWN>(grid, sp, sh, L, peers, weights, force, s);
+    if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-template <int PHASE, bool NVFP4>
+template <int PHASE, bool NVFP4, bool SPLIT>
 static megamoe_status wgmma_prepare_one() {
-    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4>,
+    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4, SPLIT>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem_bytes(NVFP4)));
     return MEGAMOE_OK;
 }
 
 megamoe_status sm90_expert_wgmma_prepare() {
-    megamoe_status st = wgmma_prepare_one<PHASE_GATE_UP, true>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_GATE_UP, false>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, false>();
+    megamoe_status st = wgmma_prepare_one<PHASE_GATE_UP, true, false>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_GATE_UP, true, true>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_GATE_UP, false, false>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true, false>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true, true>();
+    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, false, false>();
     return st;
 }

@@ -178,8 +178,8 @@ __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layo
 
 /* The wgmma kernel of one phase over `tiles` token tiles of every local rank (host side). */
 megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
-                                        cudaStream_t s);
+                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int splits,
+                                        int force, cudaStream_t s);
 megamoe_status sm90_expert_wgmma_prepare();
 /* The streaming kernel of one phase (NVFP4), a persistent grid over the tiles of every local rank. */
 megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
