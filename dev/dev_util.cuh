@@ -34,4 +34,13 @@ static inline float e4m3(int b) {
     return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
 }
 
+/* n pseudo-random bytes (a hash of the index and seed): lo + h % span, or any byte when span is 0. */
+__global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed, int lo, int span) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = span > 0 ? (uint8_t)(lo + h % span) : (uint8_t)h;
+    }
+}
+
 #endif /* MEGAMOE_DEV_UTIL_CUH */

@@ -16,14 +16,12 @@
  *   run:   ./probe [M N K]   (default: three shapes; M % 128, N % 256, K % 64 must be 0)
  * Not part of the library.
  */
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "dev_util.cuh"
+#include "dev_tma.cuh"
 
 #define BM 128
 #define BN 256
@@ -34,19 +32,6 @@
 #define STAGE_BYTES (A_BYTES + B_BYTES)
 #define THREADS 384
 #define SMEM (STAGES * STAGE_BYTES + 1024) /* + alignment of the swizzled tiles to 1024 bytes */
-
-/* K-major operand in 128-byte swizzled shared memory: rows of 128 bytes, 8-row groups 1024 bytes
- * apart (SBO); LBO unused for swizzled K-major; layout type 1 = 128B swizzle (bits 62-63). */
-__device__ __forceinline__ uint64_t desc_sw128(const void *p) {
-    const uint32_t a = mm_smem_u32(p);
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int inner, int outer, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(mm_smem_u32(dst)), "l"((uint64_t)map), "r"(inner), "r"(outer), "r"(mm_smem_u32(bar))
-                 : "memory");
-}
 
 __device__ __forceinline__ void wgmma_256(float *d, uint64_t da, uint64_t db, int accumulate) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -71,16 +56,11 @@ __device__ __forceinline__ void wgmma_256(float *d, uint64_t da, uint64_t db, in
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
                  : "l"(da), "l"(db), "r"(accumulate));
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
 __global__ void __launch_bounds__(THREADS, 1)
     bf16_gemm(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, __nv_bfloat16 *c,
               int M, int N, int K) {
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = smem_raw + ((1024 - (mm_smem_u32(smem_raw) & 1023)) & 1023); /* stays a shared pointer */
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128, nk = K / BK;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
@@ -132,32 +112,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 }
 
-static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) {
-        printf("cuTensorMapEncodeTiled not found\n");
-        exit(1);
-    }
-    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
-}
-
-/* [rows, K] bf16, K innermost; boxes of 64 K x box_rows rows, 128-byte swizzle. */
-static CUtensorMap tile_map(void *base, uint64_t rows, uint64_t K, uint32_t box_rows) {
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {K, rows}, strides[1] = {K * 2};
-    const cuuint32_t box[2] = {BK, box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, estr,
-                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        printf("cuTensorMapEncodeTiled: error %d\n", (int)r);
-        exit(1);
-    }
-    return m;
-}
-
 static uint16_t bf16_bits(float f) { /* round to nearest even */
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -183,7 +137,8 @@ static int run(int M, int N, int K) {
     CK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemset(dc, 0xFF, c.size() * 2)); /* poison: NaN bf16 */
-    const CUtensorMap ma = tile_map(da, M, K, BM), mb = tile_map(db, N, K, BN);
+    const CUtensorMap ma = tile_map_16bit(da, M, K, BM, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16),
+                      mb = tile_map_16bit(db, N, K, BN, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
     CK(cudaFuncSetAttribute(bf16_gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     const dim3 grid(N / BN, M / BM);
     bf16_gemm<<<grid, THREADS, SMEM>>>(ma, mb, (__nv_bfloat16 *)dc, M, N, K);

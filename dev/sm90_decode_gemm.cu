@@ -133,14 +133,6 @@ __global__ void __launch_bounds__(160) decode_gemm(problem p) {
 }
 
 /* Fills n bytes with a hash of the index (lo..lo + span - 1 when span > 0). */
-__global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed, int lo, int span) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        p[i] = span > 0 ? (uint8_t)(lo + h % span) : (uint8_t)h;
-    }
-}
-
 static double time_problem(const problem &p, int blocks_per_sm) {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
