@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "sm90_async.cuh" /* the library's mbarrier and bulk-copy primitives (build with -Isrc/cuda) */
 
@@ -41,6 +43,29 @@ __global__ void fill_bytes(uint8_t *p, size_t n, uint32_t seed, int lo, int span
         h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
         p[i] = span > 0 ? (uint8_t)(lo + h % span) : (uint8_t)h;
     }
+}
+
+/* Median time of launch() in ms over `iters` runs after one warm-up (CUDA events on the default stream). */
+template <class F>
+static float median_ms(F launch, int iters = 20) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int it = 0; it <= iters; it++) {
+        CK(cudaEventRecord(e0));
+        launch();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float v;
+        CK(cudaEventElapsedTime(&v, e0, e1));
+        if (it) ms.push_back(v);
+    }
+    CK(cudaGetLastError());
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
 }
 
 #endif /* MEGAMOE_DEV_UTIL_CUH */

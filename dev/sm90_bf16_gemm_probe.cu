@@ -164,22 +164,8 @@ static int run(int M, int N, int K) {
     /* Every output written (the poison is NaN). */
     long unwritten = 0;
     for (size_t i = 0; i < c.size(); i++) unwritten += (c[i] & 0x7FFF) > 0x7F80;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int it = 0; it < 21; it++) {
-        CK(cudaEventRecord(e0));
-        bf16_gemm<<<grid, THREADS, SMEM>>>(ma, mb, (__nv_bfloat16 *)dc, M, N, K);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float t;
-        CK(cudaEventElapsedTime(&t, e0, e1));
-        if (it) ms.push_back(t);
-    }
-    CK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2], tf = 2.0 * M * N * K / (med * 1e-3) / 1e12;
+    const double med = median_ms([&] { bf16_gemm<<<grid, THREADS, SMEM>>>(ma, mb, (__nv_bfloat16 *)dc, M, N, K); });
+    const double tf = 2.0 * M * N * K / (med * 1e-3) / 1e12;
     printf("M=%d N=%d K=%d: %s (worst %.2e of the row's magnitude, %d of 4096 samples off, %ld unwritten), "
            "median %.4f ms, %.1f TFLOP/s (%.0f%% of 795)\n",
            M, N, K, bad || unwritten ? "WRONG" : "exact to bf16", worst, bad, unwritten, med, tf, 100.0 * tf / 795.0);

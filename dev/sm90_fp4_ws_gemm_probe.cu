@@ -216,25 +216,10 @@ static int check(int rows, int K, int ntok) {
 
 static void timeit(const char *what, int rows, int K, int ntok) {
     dev_problem p = make_problem(rows, K, ntok, 7);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int it = 0; it < 21; it++) {
-        CK(cudaEventRecord(e0));
-        launch(p);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float v;
-        CK(cudaEventElapsedTime(&v, e0, e1));
-        if (it) ms.push_back(v);
-    }
-    CK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2], tf = 2.0 * rows * K * ntok / (med * 1e-3) / 1e12;
+    const double med = median_ms([&] { launch(p); });
+    const double tf = 2.0 * rows * K * ntok / (med * 1e-3) / 1e12;
     printf("%-34s %5d x %5d x %5d tokens: %.4f ms, %.1f TFLOP/s (%.0f%% of 795)\n", what, rows, K, ntok, med, tf,
            100.0 * tf / 795.0);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
     free_problem(p);
 }
 
