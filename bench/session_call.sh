@@ -6,7 +6,8 @@
 # logs always come back: $OUT/logs.tar.gz (bench/variants.sh's tables are printed last).
 #   usage (device tool, carry .devpack):
 #     TESTS="c" KERNELS="auto wgmma stream" BENCH="main c" TOKENS=1,8,32,128 bash bench/session_call.sh
-#   env: TESTS, BENCH (build names; "main" = .devbin/megamoe), KERNELS, TOKENS, SHAPES, FORMATS,
+#   env: TESTS (build names, each optionally NAME:kernel,kernel), BENCH (build names; "main" =
+#        .devbin/megamoe), KERNELS (test_gpu's forced kernels, default all four), TOKENS, SHAPES, FORMATS,
 #        SANITIZE (1: memcheck + racecheck of the first TESTS build, default 1), LIMIT (default 540)
 set -u
 OUT=${OUT:-device-out}
@@ -19,9 +20,15 @@ limit=${LIMIT:-540}
 left() { echo $((limit - ($(date +%s) - start))); }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 first=${TESTS%% *}
+first=${first%%:*}
 tests_part() {
   [ -n "${TESTS:-}" ] || return 0
-  OUT=$L/t timeout $(( $(left) * 6 / 10 )) bash bench/variants.sh tests $TESTS
+  local until=$(( $(date +%s) + $(left) * 6 / 10 )) entry
+  for entry in $TESTS; do # NAME or NAME:kernel,kernel (default: $KERNELS)
+    local ks=${KERNELS:-auto mma wgmma stream}
+    [[ $entry == *:* ]] && ks=${entry#*:} && ks=${ks//,/ }
+    OUT=$L/t KERNELS="$ks" timeout $(( until - $(date +%s) )) bash bench/variants.sh tests "${entry%%:*}"
+  done
   echo "tests done at $(( $(date +%s) - start )) s"
   if [ "${SANITIZE:-1}" = 1 ]; then
     OUT=$L/t timeout $(( $(left) / 2 )) bash bench/variants.sh sanitize "$first"
