@@ -23,19 +23,26 @@ typedef struct splitk_plan {
     int splits, ws_tiles;
 } splitk_plan;
 
+/* The plans' GPU: 132 SMs fixed, so that no plan (and no y) depends on the GPU it runs on. */
+#define MM_PLAN_SMS 132
+
+/* At most the tiles of a rank: one partial tile per active expert plus the full ones. */
+MM_PLAN_FN int plan_tile_bound(long slots, int E) {
+    return (int)(slots < E ? slots : E) + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+}
+
 /* The splits wanted before the plan's fallback to 1 (which only lowers them). They never grow with
  * the token count, so at a rank's own count they bound what the group's count can plan. */
 MM_PLAN_FN int splitk_wanted(long slots, int E, int y, int nkc) {
     const int active = (int)(slots < E ? slots : E);
-    const int target = 4 * 132, blocks = active * y > 0 ? active * y : 1;
+    const int target = 4 * MM_PLAN_SMS, blocks = active * y > 0 ? active * y : 1;
     int sp = (target + blocks - 1) / blocks;
     sp = sp < nkc / 8 ? sp : nkc / 8;
     return sp < 8 ? sp : 8;
 }
 
 MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
-    const int active = (int)(slots < E ? slots : E);
-    const int ws_tiles = active + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    const int ws_tiles = plan_tile_bound(slots, E);
     int sp = splitk_wanted(slots, E, y, nkc);
     if (sp < 2 || (long)y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
     const splitk_plan plan = {sp, ws_tiles};
@@ -71,8 +78,8 @@ MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4) 
 #ifndef MM_STREAM_BLOCKS_PER_SM
 #define MM_STREAM_BLOCKS_PER_SM 4   /* persistent streaming blocks per SM (overridable for experiments) */
 #endif
-#ifndef MM_STREAM_TARGET_ITEMS /* the resident blocks; 132 SMs fixed: the plan must not depend on the GPU */
-#define MM_STREAM_TARGET_ITEMS ((long)MM_STREAM_BLOCKS_PER_SM * 132)
+#ifndef MM_STREAM_TARGET_ITEMS /* the resident blocks */
+#define MM_STREAM_TARGET_ITEMS ((long)MM_STREAM_BLOCKS_PER_SM * MM_PLAN_SMS)
 #endif
 #define MM_STREAM_WARPS 4 /* consumer warps per streaming block: split-K counters per (tile, slab) */
 MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
@@ -84,7 +91,8 @@ MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
     if (sp > 16) sp = 16;
     const long fit = (long)MM_SPLITK_ENTRIES * 64 / ((long)y * slots); /* workspace: ENTRIES x 128 x 64 f32 */
     if (sp > fit) sp = fit;
-    const long tiles = active + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS; /* at most, per rank */
+    /* plan_tile_bound in long arithmetic: the int form changes this kernel's SASS, not yet run on a GPU */
+    const long tiles = active + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
     if (tiles * y * MM_STREAM_WARPS > MM_SPLITK_ENTRIES) sp = 1;
     return sp < 2 ? 1 : (int)sp;
 }
@@ -98,7 +106,7 @@ MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
  * are estimated from the slot count (each active expert at least one, at most 64 tokens each);
  * the wanted splits never grow with the slot count, so a rank's own count bounds the group's (NCCL). */
 #define MM_WGMMA_ROWS 256           /* weight rows per wgmma block */
-#define MM_WGMMA_RESIDENT (2 * 132) /* NVFP4 wgmma blocks resident; 132 SMs fixed, as above */
+#define MM_WGMMA_RESIDENT (2 * MM_PLAN_SMS) /* NVFP4 wgmma blocks resident */
 MM_PLAN_FN int wgmma_splits_wanted(long slots, int E, int y, int nkc) {
     const long active = slots < E ? slots : E, full = (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
     const long tiles = active > full ? active : full, blocks = tiles * y > 0 ? tiles * y : 1;
@@ -107,8 +115,7 @@ MM_PLAN_FN int wgmma_splits_wanted(long slots, int E, int y, int nkc) {
     return sp > 8 ? 8 : sp < 1 ? 1 : (int)sp;
 }
 MM_PLAN_FN splitk_plan plan_wgmma_splits(long slots, int E, int y, int nkc) {
-    const long active = slots < E ? slots : E;
-    const int ws_tiles = (int)(active + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
+    const int ws_tiles = plan_tile_bound(slots, E);
     int sp = wgmma_splits_wanted(slots, E, y, nkc);
     if (sp < 2 || 2L * y * ws_tiles * sp > MM_SPLITK_ENTRIES) sp = 1;
     const splitk_plan plan = {sp, ws_tiles};
