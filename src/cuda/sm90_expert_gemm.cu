@@ -89,12 +89,6 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs,
     }
 }
 
-/* Split-K workspace: per (row block, tile) entry, per split, the block's accumulators, value v of
- * thread tid at v * threads + tid (coalesced). */
-__device__ __forceinline__ float *splitk_part(float *ws, size_t entry, int splits, int split, int v, int tid) {
-    return ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WARPS * 32) + (size_t)v * (WARPS * 32) + tid;
-}
-
 template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
@@ -207,41 +201,11 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
         __syncthreads();
     }
 
-    if (SPLIT && splits > 1) {
-        __shared__ int is_last;
-        const size_t entry = (size_t)blockIdx.y * ws_tiles + tile; /* < the workspace's entries */
-        float *ws = (float *)(mine + L.splitk_ws);
-        /* Only the n-tiles that hold tokens travel (a decode tile has one of eight). */
-#pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < ntiles_n)
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        __stcg(splitk_part(ws, entry, splits, split, (q * 8 + i) * 4 + j, tid), acc[q][i * 4 + j]);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            int *counter = (int *)(mine + L.splitk_counters) + entry;
-            is_last = atomicAdd(counter, 1) == splits - 1;
-            if (is_last) *counter = 0; /* ready for the next forward */
-        }
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();
-#pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < ntiles_n)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int v = (q * 8 + i) * 4 + j;
-                    float sum = __ldcg(splitk_part(ws, entry, splits, 0, v, tid)); /* split 0 first: no 0 + (-0) */
-                    for (int sp = 1; sp < splits; sp++) sum += __ldcg(splitk_part(ws, entry, splits, sp, v, tid));
-                    acc[q][i * 4 + j] = sum;
-                }
+    if (SPLIT && splits > 1) { /* the entry (row block, tile) is within the workspace (plan_splitk) */
+        const size_t entry = (size_t)blockIdx.y * ws_tiles + tile;
+        if (!splitk_block_reduce<WARPS * 32>(acc, (float *)(mine + L.splitk_ws), (int *)(mine + L.splitk_counters),
+                                             entry, splits, split, ntiles_n, tid))
+            return;
     }
 
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n,

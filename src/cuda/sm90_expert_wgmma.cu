@@ -89,12 +89,6 @@ __device__ __forceinline__ void keep_alive(uint32_t (&a)[GROUPS_PER_WARP][4][4])
             for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
 }
 
-/* Split-K workspace of the wgmma kernel: per (row block, tile) entry and split, the block's
- * accumulators, value v of thread tid at v * WG_THREADS + tid (coalesced); 64 KB, two entries. */
-__device__ __forceinline__ float *wg_part(float *ws, size_t entry, int splits, int split, int v, int tid) {
-    return ws + (entry * splits + split) * (GROUPS_PER_WARP * 32 * WG_THREADS) + (size_t)v * WG_THREADS + tid;
-}
-
 /* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split. */
 template <int PHASE, bool NVFP4, bool SPLIT>
 __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
@@ -211,42 +205,13 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     keep_alive(a0);
     keep_alive(a1);
 
-    if (SPLIT && splits > 1) {
-        __shared__ int is_last;
-        const size_t entry = (size_t)blockIdx.y * wplan.ws_tiles + tile; /* the plan keeps it in the workspace */
-        float *ws = (float *)(mine + L.splitk_ws);
-        /* Only the n-tiles that hold tokens travel. */
-#pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < ntiles_n)
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        __stcg(wg_part(ws, entry, splits, split, (q * 8 + i) * 4 + j, tid), acc[q][i * 4 + j]);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            int *counter = (int *)(mine + L.splitk_counters) + entry;
-            is_last = atomicAdd(counter, 1) == splits - 1;
-            if (is_last) *counter = 0; /* ready for the next forward */
-        }
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();
-#pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < ntiles_n)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const int v = (q * 8 + i) * 4 + j;
-                        float sum = __ldcg(wg_part(ws, entry, splits, 0, v, tid)); /* split 0 first: no 0 + (-0) */
-                        for (int sp = 1; sp < splits; sp++) sum += __ldcg(wg_part(ws, entry, splits, sp, v, tid));
-                        acc[q][i * 4 + j] = sum;
-                    }
+    if (SPLIT && splits > 1) { /* 64 KB per block and split: two workspace entries (plan_wgmma_splits) */
+        const size_t entry = (size_t)blockIdx.y * wplan.ws_tiles + tile;
+        if (!splitk_block_reduce<WG_THREADS>(acc, (float *)(mine + L.splitk_ws), (int *)(mine + L.splitk_counters),
+                                             entry, splits, split, ntiles_n, tid))
+            return;
     }
+
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,
                                 lane);
 }

@@ -187,6 +187,50 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
                                          int force, cudaStream_t s);
 megamoe_status sm90_expert_stream_prepare();
 
+/* Split-K across the blocks of one (row block, tile) workspace entry, for a block of THREADS threads
+ * holding acc[q][n-tile * 4 + j] (8 n-tiles of 8 tokens, as the mma.sync and wgmma kernels do): the
+ * block's values out (value v of thread tid at v * THREADS + tid: coalesced; only the n-tiles that
+ * hold tokens), a fence, and a count on the entry's counter (self-reset). Every block but the last
+ * of the entry returns false; the last adds all splits into acc in split order (deterministic) and
+ * returns true. */
+template <int THREADS>
+__device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP][32], float *ws, int *counters,
+                                                    size_t entry, int splits, int split, int ntiles_n, int tid) {
+    __shared__ int is_last;
+    constexpr size_t per_split = (size_t)GROUPS_PER_WARP * 32 * THREADS;
+    float *mine = ws + (entry * splits + split) * per_split + tid;
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < ntiles_n)
+#pragma unroll
+                for (int j = 0; j < 4; j++) __stcg(mine + (size_t)((q * 8 + i) * 4 + j) * THREADS, acc[q][i * 4 + j]);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        is_last = atomicAdd(counters + entry, 1) == splits - 1;
+        if (is_last) counters[entry] = 0; /* ready for the next forward */
+    }
+    __syncthreads();
+    if (!is_last) return false;
+    __threadfence();
+    const float *all = ws + entry * splits * per_split + tid;
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < ntiles_n)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const size_t v = (size_t)((q * 8 + i) * 4 + j) * THREADS;
+                    float sum = __ldcg(all + v); /* split 0 first: no 0 + (-0) */
+                    for (int sp = 1; sp < splits; sp++) sum += __ldcg(all + sp * per_split + v);
+                    acc[q][i * 4 + j] = sum;
+                }
+    return true;
+}
+
 /* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows). */
 template <int PHASE, bool nvfp4, int NT = 8>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
