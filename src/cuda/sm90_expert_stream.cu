@@ -40,6 +40,13 @@
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
 #define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
+#ifndef MM_STREAM_UNROLL
+#define MM_STREAM_UNROLL 1 /* experiment: K steps per consumer loop iteration */
+#endif
+constexpr int st_unroll = MM_STREAM_UNROLL;
+#ifndef MM_STREAM_B_UNPRED
+#define MM_STREAM_B_UNPRED 0 /* experiment: token rows read unpredicated (stale rows feed dropped columns only) */
+#endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
@@ -226,6 +233,9 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
         for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
+#if MM_STREAM_UNROLL > 1
+#pragma unroll(st_unroll)
+#endif
     for (int step = 0; step < h.steps; step++, n++) {
         const int slot = n % ST_STAGES;
         mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
@@ -239,12 +249,20 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
         uint32_t b[4][NT][2];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            const int tok = nt * 8 + g; /* rows past the chunk's tokens hold stale data: zeros instead */
+            const int tok = nt * 8 + g;
             const uint8_t *row = src + ST_CODES + ST_SCALES + tok * ST_XROW + 4 * c;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
+#if MM_STREAM_B_UNPRED
+                /* Rows past the chunk's tokens hold stale bytes of earlier steps: they only reach
+                 * accumulator columns >= ncols, which no store and no per-column amax reads. */
+                b[s][nt][0] = *(const uint32_t *)(row + 32 * s);
+                b[s][nt][1] = *(const uint32_t *)(row + 32 * s + 16);
+#else
+                /* rows past the chunk's tokens hold stale data: zeros instead */
                 b[s][nt][0] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s) : 0u;
                 b[s][nt][1] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s + 16) : 0u;
+#endif
             }
         }
         __syncwarp();
