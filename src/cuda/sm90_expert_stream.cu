@@ -43,7 +43,7 @@
 #ifndef MM_STREAM_UNROLL
 #define MM_STREAM_UNROLL 1 /* experiment: K steps per consumer loop iteration */
 #endif
-constexpr int st_unroll = MM_STREAM_UNROLL;
+[[maybe_unused]] constexpr int st_unroll = MM_STREAM_UNROLL; /* read by the pragma only */
 #ifndef MM_STREAM_FINISH_PAIRS
 #define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens */
 #endif
