@@ -40,6 +40,16 @@
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
 #define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
+#ifndef MM_STREAM_UNROLL
+#define MM_STREAM_UNROLL 1 /* experiment: K steps per consumer loop iteration */
+#endif
+[[maybe_unused]] constexpr int st_unroll = MM_STREAM_UNROLL; /* read by the pragma only */
+#ifndef MM_STREAM_FINISH_PAIRS
+#define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens */
+#endif
+#ifndef MM_STREAM_B_UNPRED
+#define MM_STREAM_B_UNPRED 0 /* experiment: token rows read unpredicated (stale rows feed dropped columns only) */
+#endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
@@ -161,6 +171,39 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     }
 }
 
+/* acc = the splits' partials of a lane's values i < NI added in split order (split 0 first: no
+ * 0 + (-0)), U splits per round trip (U * NI * 2 loads in flight); values i >= NI are zero. Element
+ * (q, i): column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1) of the slab,
+ * at constant offsets from base. */
+template <int NI, int U>
+__device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][8], const float *base, size_t split_stride,
+                                              int splits, int nc, int c) {
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[q][i] = 0.0f;
+    for (int sp0 = 0; sp0 < splits; sp0 += U) {
+        float v[U][GROUPS_PER_WARP][NI];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    const int col = (i >> 2) * 8 + 2 * c + (i & 1);
+                    const size_t off = (size_t)(sp0 + u) * split_stride + ((i >> 2) * 8 + (i & 1)) * 128 + 16 * q + 8 * ((i & 3) >> 1);
+                    v[u][q][i] = col < nc && sp0 + u < splits ? __ldcg(base + off) : 0.0f;
+                }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < NI; i++)
+                    if (sp0 + u < splits) acc[q][i] = sp0 + u == 0 ? v[u][q][i] : acc[q][i] + v[u][q][i];
+    }
+}
+
 /* Split-K, by the warp that stored a (tile, slab)'s partial sums last: for each 16-token chunk of the
  * tile, its 32 rows' partials added in split order (deterministic: y independent of R, of the number
  * of GPUs and of which block came last), then the phase's epilogue. The splits are read one at a
@@ -192,21 +235,12 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
          * of the slab; offsets from one base are constants. */
         const float *base = st_partial((float *)ws, p.Y, p.slots, 0, h.y, first + 2 * c, 32 * warp + g);
         float acc[GROUPS_PER_WARP][8];
-        for (int sp = 0; sp < p.splits; sp++) {
-            float v[GROUPS_PER_WARP][8];
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int col = (i >> 2) * 8 + 2 * c + (i & 1);
-                    const size_t off = (size_t)sp * split_stride + ((i >> 2) * 8 + (i & 1)) * 128 + 16 * q + 8 * ((i & 3) >> 1);
-                    v[q][i] = col < nc ? __ldcg(base + off) : 0.0f;
-                }
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[q][i] = sp == 0 ? v[q][i] : acc[q][i] + v[q][i]; /* split 0 first: no 0 + (-0) */
-        }
+#if MM_STREAM_FINISH_PAIRS
+        if (nc <= 8) /* one n-tile: 8 values per split, two splits per round trip */
+            st_sum_splits<4, 2>(acc, base, split_stride, p.splits, nc, c);
+        else
+#endif
+            st_sum_splits<8, 1>(acc, base, split_stride, p.splits, nc, c);
         gemm_epilogue<PHASE, true, 2>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
                                       8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     }
@@ -226,6 +260,9 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
         for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
+#if MM_STREAM_UNROLL > 1
+#pragma unroll(st_unroll)
+#endif
     for (int step = 0; step < h.steps; step++, n++) {
         const int slot = n % ST_STAGES;
         mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
@@ -239,12 +276,20 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
         uint32_t b[4][NT][2];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            const int tok = nt * 8 + g; /* rows past the chunk's tokens hold stale data: zeros instead */
+            const int tok = nt * 8 + g;
             const uint8_t *row = src + ST_CODES + ST_SCALES + tok * ST_XROW + 4 * c;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
+#if MM_STREAM_B_UNPRED
+                /* Rows past the chunk's tokens hold stale bytes of earlier steps: they only reach
+                 * accumulator columns >= ncols, which no store and no per-column amax reads. */
+                b[s][nt][0] = *(const uint32_t *)(row + 32 * s);
+                b[s][nt][1] = *(const uint32_t *)(row + 32 * s + 16);
+#else
+                /* rows past the chunk's tokens hold stale data: zeros instead */
                 b[s][nt][0] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s) : 0u;
                 b[s][nt][1] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s + 16) : 0u;
+#endif
             }
         }
         __syncwarp();
