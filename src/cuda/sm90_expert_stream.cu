@@ -41,14 +41,15 @@
 #define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
 #define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
 #ifndef MM_STREAM_UNROLL
-#define MM_STREAM_UNROLL 1 /* experiment: K steps per consumer loop iteration */
+#define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (H200, 2026-11-29: 4 beat 1 by 2-7% at DSv3 T = 8-128) */
 #endif
 [[maybe_unused]] constexpr int st_unroll = MM_STREAM_UNROLL; /* read by the pragma only */
 #ifndef MM_STREAM_FINISH_PAIRS
-#define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens */
+#define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens (Qwen3 T = 1
+                                  * -1.6% at UNROLL 1; with UNROLL 2 or 4 it spills) */
 #endif
 #ifndef MM_STREAM_B_UNPRED
-#define MM_STREAM_B_UNPRED 0 /* experiment: token rows read unpredicated (stale rows feed dropped columns only) */
+#define MM_STREAM_B_UNPRED 1 /* token rows read unpredicated (stale rows feed dropped columns only; pairs need it) */
 #endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
