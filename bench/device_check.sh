@@ -15,7 +15,7 @@ if has tests; then
   n=$(cuobjdump --dump-sass $B/megamoe 2>/dev/null | grep -c "HGMMA")
   echo "== HGMMA instructions in the wgmma kernels' SASS: $n"; [ "$n" -gt 0 ] || echo "FAILED: no HGMMA"
   # Once with the kernels chosen per forward, then with each GEMM kernel forced on every case.
-  for gemm in auto mma wgmma stream; do
+  for gemm in auto mma wgmma stream ws; do
     echo "== GPU tests (MEGAMOE_GEMM=$gemm)"
     MEGAMOE_GEMM=$gemm $B/test_gpu 2>&1 | tee "$OUT/test_gpu_$gemm.log" | grep -E "PASSED|FAILED|ERROR|rror"
   done
@@ -23,12 +23,12 @@ fi
 if has sanitize; then
   # NCCL probes its kernel images at communicator creation and gets cudaErrorNoKernelImageForDevice
   # back by design; those API errors are not ours (every call of ours is checked), so only memory
-  # and race reports count. racecheck leaves out the streaming kernel: it reports the mbarrier
+  # and race reports count. racecheck leaves out the streaming and warp-specialized kernels: it reports the mbarrier
   # parity hand-offs of TMA pipelines even in a minimal correct kernel (dev/sm90_racecheck_probe.cu,
   # run below; docs/TESTING.md).
-  for run in "memcheck auto" "memcheck wgmma" "memcheck stream" "racecheck auto" "racecheck wgmma" "racecheck mma"; do
+  for run in "memcheck auto" "memcheck wgmma" "memcheck stream" "memcheck ws" "racecheck auto" "racecheck wgmma" "racecheck mma"; do
     set -- $run
-    excl=(); [ "$1" = racecheck ] && excl=(--kernel-name-exclude kns=sm90_expert_stream_kernel)
+    excl=(); [ "$1" = racecheck ] && excl=(--kernel-name-exclude kns=sm90_expert_stream_kernel --kernel-name-exclude kns=sm90_expert_ws_kernel)
     echo "== compute-sanitizer $1 (MEGAMOE_GEMM=$2)"
     MEGAMOE_GEMM=$2 compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 "${excl[@]}" \
         $B/test_gpu --quick > "$OUT/sanitize_$1_$2.log" 2>&1

@@ -25,7 +25,7 @@ tests_part() {
   [ -n "${TESTS:-}" ] || return 0
   local until=$(( $(date +%s) + $(left) * 6 / 10 )) entry
   for entry in $TESTS; do # NAME or NAME:kernel,kernel (default: $KERNELS)
-    local ks=${KERNELS:-auto mma wgmma stream}
+    local ks=${KERNELS:-auto mma wgmma stream ws}
     [[ $entry == *:* ]] && ks=${entry#*:} && ks=${ks//,/ }
     OUT=$L/t KERNELS="$ks" timeout $(( until - $(date +%s) )) bash bench/variants.sh tests "${entry%%:*}"
   done

@@ -16,7 +16,7 @@ bin() { [ "$1" = main ] && echo ".devbin/$2" || echo ".devbin/$2_$1"; }
 case $what in
 tests)
   for name in "$@"; do
-    for k in ${KERNELS:-auto mma wgmma stream}; do
+    for k in ${KERNELS:-auto mma wgmma stream ws}; do
       log="$OUT/test_gpu_${name}_$k.log"
       MEGAMOE_GEMM=$k timeout 200 "$(bin "$name" test_gpu)" > "$log" 2>&1
       rc=$?
@@ -26,7 +26,7 @@ tests)
 sanitize)
   for name in "$@"; do
     for tool in memcheck racecheck; do
-      excl=(); [ $tool = racecheck ] && excl=(--kernel-name-exclude kns=sm90_expert_stream_kernel)
+      excl=(); [ $tool = racecheck ] && excl=(--kernel-name-exclude kns=sm90_expert_stream_kernel --kernel-name-exclude kns=sm90_expert_ws_kernel)
       log="$OUT/sanitize_${name}_$tool.log"
       compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 "${excl[@]}" \
         "$(bin "$name" test_gpu)" --quick > "$log" 2>&1

@@ -168,8 +168,9 @@ typedef struct megamoe_layer_config {
     int timeout_ms;         /* bound on every wait for another rank (default 10000)        */
     int gemm_kernel;        /* device backends' expert GEMMs: 0 = chosen per forward from the
                                token count (default), 1 = mma.sync, 2 = wgmma, 3 = the
-                               streaming kernel (NVFP4; BF16 layers get mma.sync); tests and
-                               benchmarks only: every rank must pass the same value             */
+                               streaming kernel (NVFP4; BF16 layers get mma.sync), 4 = the
+                               warp-specialized kernel; tests and benchmarks only: every
+                               rank must pass the same value                                   */
 } megamoe_layer_config;
 
 typedef struct megamoe_layer megamoe_layer;

@@ -68,10 +68,15 @@ void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t row
     FOR_EACH_SCALE(out_sf[src] = sf[dst];)
 }
 
+/* Element of a unit's 1024 bf16 (weight_layout.h): k16 step s, then lane, then register j, element e. */
+static int64_t bf16_index(int64_t frag, int lane, int s, int j, int e) {
+    return (frag >> 5) * 1024 + 256 * s + 8 * lane + 2 * j + e;
+}
+
 void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
-    FOR_EACH_FRAGMENT_ELEMENT(out[frag * 32 + 8 * s + 2 * j + e] = w[row * K + k];)
+    FOR_EACH_FRAGMENT_ELEMENT(out[bf16_index(frag, lane, s, j, e)] = w[row * K + k];)
 }
 
 void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
-    FOR_EACH_FRAGMENT_ELEMENT(out[row * K + k] = w[frag * 32 + 8 * s + 2 * j + e];)
+    FOR_EACH_FRAGMENT_ELEMENT(out[row * K + k] = w[bf16_index(frag, lane, s, j, e)];)
 }

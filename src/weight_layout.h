@@ -3,11 +3,12 @@
  * and the GEMM kernels (device).
  *
  * A weight matrix [rows, K] is cut into 16-row groups and 64-wide K steps. For each (group, step)
- * the 32 lanes of a warp each own 16 contiguous bytes of E2M1 codes (NVFP4) or 64 bytes of bf16
- * (BF16): exactly the A fragments of four mma.sync m16n8k16 (k16 steps s = 0..3). Lane l = 4g + c:
- *   register j of step s holds the pair (row, k), (row, k+1) with
+ * the 32 lanes of a warp each own 16 contiguous bytes of E2M1 codes (NVFP4) or 16 bytes of bf16 per
+ * k16 step (BF16): exactly the A fragments of four mma.sync m16n8k16 (k16 steps s = 0..3). Lane
+ * l = 4g + c: register j of step s holds the pair (row, k), (row, k+1) with
  *   row = g + 8 * (j & 1),  k = 64 * step + 16 * s + 2c + 8 * (j >> 1);
- *   BF16:  16-bit elements 8s + 2j, 8s + 2j + 1 of the lane's 32.
+ *   BF16:  16-bit elements 256 s + 8 l + 2j, + 1 of the unit's 1024 (step-major, so a warp's 16-byte
+ *          reads of one step are 512 contiguous bytes: no shared-memory bank conflicts).
  *   NVFP4: word s of the lane's 16 bytes holds the 8 codes of step s in two bit positions per byte,
  *   chosen so the kernel's decode is ~1 integer op per weight (KERNEL_NOTES §2.2b):
  *     "A form" bits 7 (sign) and 3..1 (e1 e0 m): registers 0 and 1, byte 2(j&1) + (k odd);

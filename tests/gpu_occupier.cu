@@ -5,7 +5,8 @@
  * persistent kernel must not hang when another stream occupies SMs). Sized so that one block of
  * every forward kernel still fits beside it (16 KB of 228: the streaming kernel then has 3 of its 4
  * blocks per SM resident, the NVFP4 wgmma kernel 1 of 2; 2K registers: the 128-token BF16 wgmma
- * block of 58K registers still fits).
+ * block of 58K registers still fits). The warp-specialized kernel's blocks take a whole SM's
+ * registers and wait for the occupier to go (test_gpu.c says how that case is checked).
  */
 #include <cuda_runtime.h>
 

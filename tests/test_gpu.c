@@ -23,6 +23,7 @@
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda/gemm_plan.h" /* which GEMM kernel a forward takes */
 #include "gpu_occupier.h"
 #include "internal.h"
 #include "test_util.h"
@@ -65,7 +66,7 @@ static void dev_free(dev_inputs *d) {
     cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
 }
 
-/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma forces one (the suite runs
+/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws forces one (the suite runs
  * once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
 static int g_gemm_kernel;
 
@@ -398,10 +399,28 @@ static void test_other_stream_holds_sms(void **state) {
                 nanosleep(&ts, NULL);
             }
             const int released = tu_occupier_release(&o);
+            /* The warp-specialized kernel's block takes 63K of an SM's 64K registers (3 warps of 168 on each
+             * quarter of the register file), so it cannot share an SM with the occupier; it waits for one.
+             * Its blocks never wait for each other (DECISIONS 44), so the forward must finish once the
+             * occupier has gone: checked by the synchronize below, within the 10 s it had. */
+            const long slots = (long)T * c.top_k;
+            const int I = c.intermediate_size, H = c.hidden_size;
+            const int ws = gemm_choice(g_gemm_kernel, slots, c.num_experts,
+                                       plan_splitk(slots, c.num_experts, 2 * I / 128, H / 64).splits, f == 0, H < I ? H : I) == GEMM_WS ||
+                           gemm_choice(g_gemm_kernel, slots, c.num_experts,
+                                       plan_splitk(slots, c.num_experts, H / 128, I / 64).splits, f == 0, H < I ? H : I) == GEMM_WS;
+            if (ws && q == cudaErrorNotReady) {
+                for (int ms = 0; ms < 10000 && (q = cudaStreamQuery(s)) == cudaErrorNotReady; ms++) {
+                    struct timespec ts = {0, 1000000};
+                    nanosleep(&ts, NULL);
+                }
+            }
             CK(cudaStreamSynchronize(s));
             if (q != cudaSuccess)
-                fail_msg("%s T=%d: the forward %s while another stream held part of every SM", f ? "bf16" : "nvfp4",
-                         T, q == cudaErrorNotReady ? "did not finish within 10 s" : cudaGetErrorString(q));
+                fail_msg("%s T=%d: the forward %s", f ? "bf16" : "nvfp4", T,
+                         q != cudaErrorNotReady ? cudaGetErrorString(q)
+                         : ws ? "did not finish within 10 s of the occupier's release"
+                              : "did not finish within 10 s while another stream held part of every SM");
             assert_int_equal(released, 0);
             assert_int_equal(megamoe_layer_check(lg), MEGAMOE_OK);
             CK(cudaMemcpy(y_gpu, d.y, (size_t)T * c.hidden_size * 2, cudaMemcpyDeviceToHost));
@@ -426,10 +445,11 @@ int main(int argc, char **argv) {
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
     const char *gemm = getenv("MEGAMOE_GEMM");
-    g_gemm_kernel = !gemm ? 0 : strcmp(gemm, "mma") == 0 ? 1 : strcmp(gemm, "wgmma") == 0 ? 2 : strcmp(gemm, "stream") == 0 ? 3 : 0;
+    g_gemm_kernel = !gemm ? 0 : strcmp(gemm, "mma") == 0 ? 1 : strcmp(gemm, "wgmma") == 0 ? 2 : strcmp(gemm, "stream") == 0 ? 3 : strcmp(gemm, "ws") == 0 ? 4 : 0;
     printf("expert GEMM kernels: %s\n", g_gemm_kernel == 1 ? "mma.sync (forced)"
                                        : g_gemm_kernel == 2 ? "wgmma (forced)"
                                        : g_gemm_kernel == 3 ? "streaming for NVFP4, mma.sync for BF16 (forced)"
+                                       : g_gemm_kernel == 4 ? "warp-specialized (forced)"
                                                             : "chosen per forward");
 #ifdef MEGAMOE_HAVE_NCCL
     ncclUniqueId id;

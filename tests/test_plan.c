@@ -37,7 +37,7 @@ static void for_each_case(plan_case f) {
 }
 
 static void stream_case(int E, int K, int H, int I, long slots, int y, int nkc) {
-    (void)K, (void)H, (void)I;
+    (void)K;
     const int sp = plan_stream_splits(slots, E, y, nkc);
     assert_true(sp >= 1 && sp <= 16);
     if (sp > 1) {
@@ -106,14 +106,17 @@ static void test_mma_splits_fit_the_workspace(void **state) {
 /* The NCCL host launches the splits wanted at its own count and each kernel its count does not rule
  * out; the group's count (never smaller) must stay within what was launched. */
 static void nccl_bound_case(int E, int K, int H, int I, long slots, int y, int nkc) {
-    (void)K, (void)H, (void)I;
+    (void)K;
     for (long local = 0; local <= slots; local += slots / 7 + 1) {
         const int wanted = splitk_wanted(local, E, y, nkc), launched = wanted > 1 ? wanted : 1;
         assert_true(plan_splitk(slots, E, y, nkc).splits <= launched);
         for (int nvfp4 = 0; nvfp4 <= 1; nvfp4++) {
-            const int mine = gemm_choice(0, local, E, launched, nvfp4);
-            const int group = gemm_choice(0, slots, E, plan_splitk(slots, E, y, nkc).splits, nvfp4);
-            if (mine == GEMM_WGMMA) assert_int_equal(group, GEMM_WGMMA); /* the host skipped the others */
+            const int mk = H < I ? H : I;
+            const int mine = gemm_choice(0, local, E, launched, nvfp4, mk);
+            const int group = gemm_choice(0, slots, E, plan_splitk(slots, E, y, nkc).splits, nvfp4, mk);
+            /* The host launches the kernels from its own choice up (gemm_rank): the group's is one. */
+            assert_true(gemm_rank(group) >= gemm_rank(mine));
+            if (gemm_rank(group) == 0) assert_int_equal(group, mine);
         }
     }
 }
@@ -134,16 +137,23 @@ static void test_layout_reserves_the_workspace(void **state) {
 
 static void test_gemm_choice_rules(void **state) {
     (void)state;
-    for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1), force);
-    assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 1), GEMM_STREAM);
-    assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 0), GEMM_MMA); /* BF16 has no streaming kernel */
+    for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1, 2048), force);
+    assert_int_equal(gemm_choice(GEMM_WS, 5, 256, 4, 0, 2048), GEMM_WS);
+    /* The warp-specialized kernel from MM_WS_MIN_TOKENS per expert (NVFP4: min(H, I) >= 2048; BF16: unsplit only). */
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 2048), GEMM_WS);
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 768), GEMM_WGMMA); /* short K */
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 0, 2048), GEMM_WS);
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 2, 0, 2048), GEMM_MMA);
+    assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 1, 2048), GEMM_STREAM);
+    assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 0, 2048), GEMM_MMA); /* BF16 has no streaming kernel */
     /* NVFP4 (chosen): streaming up to 8 slots per expert on average, wgmma above. */
-    assert_int_equal(gemm_choice(0, 8L * 256, 256, 1, 1), GEMM_STREAM);
-    assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 8L * 256, 256, 1, 1, 2048), GEMM_STREAM);
+    assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1, 2048), GEMM_WGMMA);
     /* BF16: wgmma from 4 per expert without a split, mma.sync otherwise. */
-    assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0), GEMM_WGMMA);
-    assert_int_equal(gemm_choice(0, 4L * 256, 256, 2, 0), GEMM_MMA);
-    assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 1, 0), GEMM_MMA);
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 2048), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 2, 0, 2048), GEMM_MMA);
+    assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 1, 0, 2048), GEMM_MMA);
 }
 
 int main(void) {

@@ -238,7 +238,7 @@ int cmd_demo(int argc, char **argv) {
 static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
-    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream]\n"
+    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream|ws]\n"
     "                     [--peak-tflops P]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
@@ -252,8 +252,9 @@ static const char k_bench_help[] =
     "             per GPU, and each T is the tokens of every rank (the group runs N*T). Prints the\n"
     "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n"
     "  --gemm K   the GPU's expert GEMM kernel: auto (default: chosen per forward from the token\n"
-    "             count), mma (mma.sync, split-K), wgmma (warpgroup MMA) or stream (the NVFP4\n"
-    "             streaming kernel for few tokens per expert; BF16 layers take mma).\n"
+    "             count), mma (mma.sync, split-K), wgmma (warpgroup MMA), stream (the NVFP4\n"
+    "             streaming kernel for few tokens per expert; BF16 layers take mma) or ws (the\n"
+    "             warp-specialized warpgroup-MMA kernel for many tokens per expert).\n"
     "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
     "             8192^3 bf16 product with cuBLAS on an H200, measured).\n";
 
@@ -365,6 +366,7 @@ int cmd_bench(int argc, char **argv) {
                    : strcmp(optarg, "mma") == 0   ? 1
                    : strcmp(optarg, "wgmma") == 0 ? 2
                    : strcmp(optarg, "stream") == 0 ? 3
+                   : strcmp(optarg, "ws") == 0     ? 4
                                                    : -1;
             ok = gemm >= 0;
             break;

@@ -55,15 +55,30 @@ MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
  * A function of the global token count and the shape only, like the split-K plans, so y does not
  * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
  * and benchmarks) overrides it for every rank. */
-enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3 };
-MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4) {
-    if (force == GEMM_MMA || force == GEMM_WGMMA) return force;
+enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3, GEMM_WS = 4 };
+/* The warp-specialized kernel (sm90_expert_ws.cu, blocks of 256 rows x 128 tokens) from this many
+ * tokens per expert on average; for NVFP4 only when both K are long (min_k = min(H, I) >= 2048).
+ * Measured (H200, 2026-11-29, session 6 calls 2-4, ms ws / wgmma): NVFP4 DSv3 T = 512 (16 per expert)
+ * 4.29 / 3.38, T = 2048 (64) 5.68 / 6.01, T = 8192 16.9 / 20.6; Mixtral T = 128 (32) 0.573 / 0.559,
+ * T = 512 (128) 1.30 / 1.47, T = 8192 13.5 / 17.2; Qwen3 (I = 768: 12 K steps in the down
+ * projection) T = 2048 1.06 / 0.93, T = 8192 3.51 / 3.19. BF16: DSv3 T = 2048 7.13 / 8.77, Qwen3
+ * T = 2048 1.06 / 1.08, T = 8192 3.42 / 3.78, Mixtral T = 8192 16.4 / 20.4. */
+#ifndef MM_WS_MIN_TOKENS
+#define MM_WS_MIN_TOKENS 64
+#endif
+#define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
+MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
+    if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
+    if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 ? min_k >= 2048 : splits == 1)) return GEMM_WS;
     /* NVFP4: streaming up to 8 tokens per expert on average (measured 2026-11-29, H200: at 4-8 it
      * beats wgmma by 8-27%, at 16 and 32 it loses by 30-55%). */
     if (nvfp4) return slots <= 8L * E ? GEMM_STREAM : GEMM_WGMMA;
     return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
 }
+/* The order of the kernels along the token count (the choice never goes down as it grows): the
+ * few-token kernels (mma.sync, streaming), wgmma, warp-specialized. */
+MM_PLAN_FN int gemm_rank(int kernel) { return kernel == GEMM_WS ? 2 : kernel == GEMM_WGMMA ? 1 : 0; }
 
 /* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of
  * (tile, 128-row slab, K split). K is split only when the (tile, slab) pairs are too few to give

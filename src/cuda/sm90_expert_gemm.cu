@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E,
                                          PHASE == PHASE_GATE_UP ? 2 * sh.I / ROWS_PER_BLOCK : sh.H / ROWS_PER_BLOCK, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4) != GEMM_MMA) return; /* another kernel has it */
+    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4, min(sh.H, sh.I)) != GEMM_MMA) return; /* another kernel has it */
     const int splits = SPLIT ? plan.splits : 1, ws_tiles = plan.ws_tiles;
     if (split >= splits) return;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits to finish adds the partial
@@ -227,17 +227,18 @@ static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, cons
 }
 
 /* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`
- * (with wsp K splits per rank in its grid, NVFP4). */
+ * (with wsp K splits per rank in its grid, NVFP4), then the warp-specialized kernel when `ws`. */
 template <int PH>
-static megamoe_status launch_phase(int kernel, bool wgmma, int wsp, dim3 grid, int sp, int tiles, long slots,
-                                   const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                   const mm_dev_weights *weights, int force, cudaStream_t s) {
+static megamoe_status launch_phase(int kernel, bool wgmma, bool ws, int wsp, dim3 grid, int sp, int tiles,
+                                   long slots, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                   uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
     megamoe_status st = MEGAMOE_OK;
     if (kernel == GEMM_MMA)
         st = sh.nvfp4 ? launch_mma<PH, true>(grid, sp, sh, L, peers, weights, force, s)
                       : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
     if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
     if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
+    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, force, s);
     return st;
 }
 
@@ -264,17 +265,22 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
      * or the streaming kernel for NVFP4) when wgmma is certain (this rank's count already plans one
      * split and reaches the threshold), wgmma when even every rank at T_max stays under it. */
     const bool nv = sh.nvfp4 != 0;
-    const int k1 = gemm_choice(force, slots, sh.E, sp1, nv), k2 = gemm_choice(force, slots, sh.E, sp2, nv);
-    const bool wgmma_possible = gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv) == GEMM_WGMMA;
-    const bool wg1 = nccl ? wgmma_possible : k1 == GEMM_WGMMA, wg2 = nccl ? wgmma_possible : k2 == GEMM_WGMMA;
+    const int mk = sh.H < sh.I ? sh.H : sh.I;
+    const int k1 = gemm_choice(force, slots, sh.E, sp1, nv, mk), k2 = gemm_choice(force, slots, sh.E, sp2, nv, mk);
+    /* NCCL: the kernels from this rank's choice up to the choice at every rank's T_max (gemm_rank). */
+    const int top = gemm_rank(gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv, mk));
+    const bool wg1 = nccl ? gemm_rank(k1) <= 1 && top >= 1 : k1 == GEMM_WGMMA;
+    const bool wg2 = nccl ? gemm_rank(k2) <= 1 && top >= 1 : k2 == GEMM_WGMMA;
+    const bool ws1 = nccl ? top >= 2 : k1 == GEMM_WS, ws2 = nccl ? top >= 2 : k2 == GEMM_WS;
     /* The wgmma kernel's K splits (NVFP4), planned like the mma.sync kernel's. */
     const int wy1 = 2 * sh.I / MM_WGMMA_ROWS, wy2 = sh.H / MM_WGMMA_ROWS;
     const int wsp1 = nccl ? wgmma_splits_wanted(slots, sh.E, wy1, sh.H / BK) : plan_wgmma_splits(slots, sh.E, wy1, sh.H / BK).splits;
     const int wsp2 = nccl ? wgmma_splits_wanted(slots, sh.E, wy2, sh.I / BK) : plan_wgmma_splits(slots, sh.E, wy2, sh.I / BK).splits;
-    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L, peers,
-                                                     weights, force, s);
+    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, ws1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L,
+                                                     peers, weights, force, s);
     if (st == MEGAMOE_OK)
-        st = launch_phase<PHASE_DOWN>(k2, wg2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force, s);
+        st = launch_phase<PHASE_DOWN>(k2, wg2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force,
+                                      s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
@@ -292,6 +298,7 @@ static megamoe_status prepare_one() {
 
 megamoe_status sm90_expert_gemm_prepare() {
     megamoe_status st = sm90_expert_wgmma_prepare();
+    if (st == MEGAMOE_OK) st = sm90_expert_ws_prepare();
     if (st == MEGAMOE_OK) st = sm90_expert_stream_prepare();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, false>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, true>();

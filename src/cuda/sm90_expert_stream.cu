@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     p.Y = Y;
     p.nkc = Kdim / BK;
     p.slots = global_slots(sh, L, peers);
-    if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true) != GEMM_STREAM) return;
+    if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) != GEMM_STREAM) return;
     p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST_STAGES; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4) != GEMM_WGMMA) return; /* another kernel has it */
+    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4, min(sh.H, sh.I)) != GEMM_WGMMA) return; /* another kernel has it */
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits adds the partial sums in
      * split order (deterministic) and runs the epilogue. */

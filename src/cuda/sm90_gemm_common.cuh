@@ -76,7 +76,7 @@ __device__ __forceinline__ void tile_columns(const mm_dev_shape &sh, const mm_bu
 /* The raw fragment data of one 16-row group for one K step. */
 template <bool NVFP4>
 struct a_raw {
-    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: 64 bytes */
+    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: k16 step i's 16 bytes in w[i] */
     uint2 sf;               /* NVFP4: scales, bytes 2s / 2s+1 = rows g / g+8 of k16 step s */
 };
 
@@ -88,8 +88,8 @@ __device__ __forceinline__ void load_a(a_raw<nvfp4> &r, const uint8_t *codes, co
         r.w[0] = __ldg((const uint4 *)codes + frag);
         r.sf = __ldg((const uint2 *)sf + unit * 8 + (lane >> 2));
     } else {
-        const uint4 *p = (const uint4 *)(bf16 + frag * 32);
-        for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + i);
+        const uint4 *p = (const uint4 *)(bf16 + unit * 1024) + lane; /* step-major (weight_layout.h) */
+        for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + 32 * i);
     }
 }
 
@@ -143,9 +143,9 @@ __device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, con
                 cp_async16(slot + lane * 16, codes + unit * 512 + lane * 16);
                 if (lane < 8) cp_async8(slot + 512 + lane * 8, sf + unit * 64 + lane * 8);
             } else {
-                const uint8_t *src = (const uint8_t *)wb + (unit * 32 + lane) * 64;
+                const uint8_t *src = (const uint8_t *)wb + unit * 2048 + lane * 16;
 #pragma unroll
-                for (int i = 0; i < 4; i++) cp_async16(slot + lane * 64 + 16 * i, src + 16 * i);
+                for (int i = 0; i < 4; i++) cp_async16(slot + 512 * i + lane * 16, src + 512 * i);
             }
         }
     }
@@ -161,7 +161,7 @@ __device__ __forceinline__ void ring_read(a_raw<nvfp4> &r, const uint8_t *ring, 
         r.sf = *(const uint2 *)(slot + 512 + (lane >> 2) * 8);
     } else {
 #pragma unroll
-        for (int i = 0; i < 4; i++) r.w[i] = *(const uint4 *)(slot + lane * 64 + 16 * i);
+        for (int i = 0; i < 4; i++) r.w[i] = *(const uint4 *)(slot + 512 * i + lane * 16);
     }
 }
 
@@ -181,6 +181,11 @@ megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const
                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int splits,
                                         int force, cudaStream_t s);
 megamoe_status sm90_expert_wgmma_prepare();
+/* The warp-specialized kernel of one phase over `tiles` token tiles of every local rank (host side). */
+megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
+                                     cudaStream_t s);
+megamoe_status sm90_expert_ws_prepare();
 /* The streaming kernel of one phase (NVFP4), a persistent grid over the tiles of every local rank. */
 megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                          uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,

@@ -1,0 +1,326 @@
+/*
+ * sm90_expert_ws.cu -- the expert GEMMs when the experts have many tokens (prefill), warp-specialized
+ * (dev/sm90_fp4_ws_gemm_probe.cu measured the design on the H200: 708-815 TFLOP/s on one expert's
+ * NVFP4 gate/up and down at 8192 tokens, against ~300 for the one-role wgmma kernel).
+ *
+ * Block: 256 weight rows (two slabs of 128, weight_layout.h) x 128 tokens (two 64-token tiles of the
+ * tile list: the block of an expert's even tile takes the odd one after it too; the odd tiles' blocks
+ * leave at once), three warpgroups:
+ *   - the producer (setmaxnreg 40): thread t copies token t's 128 bytes of each K step with cp.async
+ *     into the stage's 128-byte-swizzled token tile (the tokens are gathered rows, so no 2D TMA);
+ *     thread 0 also copies the two slabs' weights of the step, each one contiguous run of the kernel
+ *     layout, with bulk copies (TMA 1D). A stage is signalled full when the bulk bytes have landed and
+ *     every producer thread has waited for its copies WS_LAG steps later and fenced them for the
+ *     async proxy (wgmma reads shared memory through it).
+ *   - two consumers (setmaxnreg 232), one slab each as two m64 blocks: each warp decodes two 16-row
+ *     groups per K step (`decode_a`, as every kernel of the library) into the A registers of
+ *     wgmma.m64n128k16 (RS) over the stage's token tile, keeps one step's group of wgmma in flight
+ *     while it decodes the next (two register sets), and releases a stage once the step after it has
+ *     been issued. No block barrier after the start.
+ * Warp w of a consumer holds the slab's groups 2w and 2w + 1 (m64 block q takes group 2w + q from
+ * warp w): a warp's two groups are then one NVFP4 block of 16 intermediate indices, and its
+ * accumulators are exactly what gemm_epilogue takes (NT = 16 n-tiles of 8 tokens).
+ * BF16 runs the same way with its 2 KB units (step-major, so the register loads are conflict-free).
+ */
+#include "sm90_async.cuh"
+#include "sm90_gemm_common.cuh"
+
+#define WS_THREADS 384
+#define WS_TOKENS 128 /* tokens per block: the wgmma N */
+#ifndef WS_LAG
+#define WS_LAG 2      /* K steps of token copies a producer thread keeps in flight before signalling */
+#endif
+/* Registers: 168 per thread at launch (384 x 168 = 63K of the SM's 64K), then 40 for the producer and
+ * 232 for the consumers (128 x 40 + 256 x 232, the same 63K). At 216 for the consumers (a launch at
+ * 160) ptxas serializes the wgmma (C7512). */
+#define WS_PRODUCER_REGS "40"
+#define WS_CONSUMER_REGS "232"
+/* Block order: groups of WS_GROUP tiles (64-token tiles of the list; half of them lead a block), and
+ * within a group every row block for each tile in turn, so a group's tokens stay in L2 while the row
+ * blocks pass and each row block's weights serve the group's tiles of one expert from L2. */
+#ifndef WS_GROUP
+#define WS_GROUP 16
+#endif
+static_assert(WS_TOKENS == 2 * MM_TILE_TOKENS, "a block takes two tiles of the tile list");
+static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
+
+template <bool NVFP4>
+struct ws_cfg {
+    static constexpr int tok_bytes = WS_TOKENS * BK * 2;                 /* 16 KB of 16-bit tokens per step */
+    static constexpr int slab_bytes = NVFP4 ? 4096 + 512 : 16384;        /* a slab's step: codes + scales | bf16 */
+    static constexpr int stage_bytes = tok_bytes + 2 * slab_bytes;
+    static constexpr int stages = NVFP4 ? 6 : 4;
+    static constexpr int smem = stages * stage_bytes + 1024;             /* + alignment to 1024 (swizzle) */
+    static_assert(stage_bytes % 1024 == 0, "each stage's token tile 1024-byte aligned");
+    static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
+};
+
+/* K-major operand in 128-byte swizzled shared memory (1024-byte aligned): rows of 128 bytes, 8-row
+ * groups 1024 bytes apart; +2 advances 32 bytes (one k16 step) within the swizzle atom. */
+__device__ __forceinline__ uint64_t ws_desc_sw128(const void *p) {
+    const uint32_t a = mm_smem_u32(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+#define WS_ACC64(d)                                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),  \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),  \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),  \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define WS_WGMMA_N128(TYPE)                                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                   \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                              \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"     \
+                 "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"    \
+                 "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "                  \
+                 "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"                                                     \
+                 : WS_ACC64(d)                                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
+
+/* d[64] (+)= A (64 x 16: this warp's 16 rows in a[4], mma.sync fragment order) . B (128 tokens x 16)^T */
+template <bool nvfp4>
+__device__ __forceinline__ void ws_wgmma(float *d, const uint32_t *a, uint64_t db, int accumulate) {
+    if constexpr (nvfp4) WS_WGMMA_N128("f16");
+    else WS_WGMMA_N128("bf16");
+}
+
+__device__ __forceinline__ void ws_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void ws_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void ws_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+using ws_regs = uint32_t[GROUPS_PER_WARP][4][4]; /* [m64 block q][k16 step s][register] */
+/* The A registers a wgmma reads asynchronously stay untouched, and live, until its group retired. */
+__device__ __forceinline__ void ws_keep(ws_regs &a) {
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
+}
+
+/* 16 bytes global -> shared; src_bytes 0 fills zeros. */
+__device__ __forceinline__ void ws_cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+/* A work item: one row block of 256 x one 128-token block of an expert. */
+struct ws_item {
+    int rb, e, first, ncols; /* ncols 0: nothing to do (an odd tile, or past the rank's tiles) */
+};
+
+/* Item `item` of a rank: WS_GROUP tiles at a time, and within a group each row block for every tile
+ * of the group in turn, so a group's tokens stay in L2 while the row blocks pass and each row
+ * block's weights serve the group's tiles of one expert from L2. The block of an expert's even
+ * tile takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
+__device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const uint8_t *mine, int item, int nrb,
+                                             int tiles, int num_tiles) {
+    const int group = item / (WS_GROUP * nrb), in_group = item % (WS_GROUP * nrb);
+    const int group_tiles = min(WS_GROUP, tiles - group * WS_GROUP);
+    const int tile = group * WS_GROUP + in_group % group_tiles;
+    ws_item it = {in_group / group_tiles, 0, 0, 0};
+    if (tile >= num_tiles) return it;
+    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
+    if (start % WS_TOKENS != 0) return it;
+    it.e = ((const int32_t *)(mine + L.tile_expert))[tile];
+    it.first = ((const int32_t *)(mine + L.expert_offset))[it.e] + start;
+    it.ncols = min(WS_TOKENS, ((const int32_t *)(mine + L.expert_count))[it.e] - start);
+    return it;
+}
+
+/* One block per item (blockIdx.x), in ws_decode's order. Blocks never wait for each other. */
+template <int PHASE, bool NVFP4>
+__global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
+                                                                       uint8_t *const *peers,
+                                                                       const mm_dev_weights *weights, int tiles,
+                                                                       int force) {
+    using C = ws_cfg<NVFP4>;
+    mm_wait_previous();
+    extern __shared__ uint8_t ws_smem_raw[];
+    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages];
+    __shared__ int col_code[WS_TOKENS];
+    __shared__ float col_scale[WS_TOKENS];
+
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
+    uint8_t *mine = peers[sh.first_rank + (int)blockIdx.z];
+    const ws_item it = ws_decode(L, mine, (int)blockIdx.x, nrb, tiles, *(const int32_t *)(mine + L.num_tiles));
+    if (it.ncols == 0) return;
+    const long slots = global_slots(sh, L, peers);
+    const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
+    if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != GEMM_WS) return; /* another kernel has it */
+
+    uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
+    const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+    if (tid < WS_TOKENS) {
+        const int code = tid < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + tid] : -1;
+        col_code[tid] = code;
+        float s = 1.0f;
+        if (code >= 0 && NVFP4 && PHASE == PHASE_GATE_UP) {
+            const slot_info si = decode_slot(sh, code);
+            s = ((const float *)(peers[si.src] + L.x_scale))[si.token];
+        }
+        col_scale[tid] = s;
+    }
+    if (tid == 0) {
+        for (int s = 0; s < C::stages; s++) {
+            mm_mbar_init(&full[s], 128 + 1); /* every producer thread, and thread 0's expect_tx */
+            mm_mbar_init(&empty[s], 8);      /* one arrival per consumer warp */
+        }
+        mm_mbar_init_fence();
+    }
+    __syncthreads();
+    const mm_dev_weights W = weights[blockIdx.z];
+
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_PRODUCER_REGS ";\n");
+        /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
+         * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
+        const int code = col_code[t];
+        const uint16_t *row = NULL;
+        if (code >= 0) {
+            if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
+            else {
+                const slot_info si = decode_slot(sh, code);
+                row = (const uint16_t *)(peers[si.src] + (NVFP4 ? L.x_f16 : L.x)) + (size_t)si.token * sh.H;
+            }
+        }
+        const int src_bytes = row ? 16 : 0;
+        if (!row) row = (const uint16_t *)(mine + L.slots);
+        const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
+        const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
+        const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
+        /* The item's two slabs, as slab indices of the whole weight matrix (all experts). */
+        const long slab0 = (long)it.e * (rows_total / 128) + 2 * it.rb;
+        for (int kc = 0; kc < nkc; kc++) {
+            const int s = kc % C::stages;
+            if (kc >= C::stages) mm_mbar_wait_parity(&empty[s], ((kc / C::stages) - 1) & 1);
+            uint8_t *st = smem + s * C::stage_bytes;
+            if (t == 0) {
+                mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes);
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
+                    uint8_t *dst = st + C::tok_bytes + j * C::slab_bytes;
+                    if (NVFP4) {
+                        mm_bulk_copy(dst, wsrc0 + unit * 512, 4096, &full[s]);
+                        mm_bulk_copy(dst + 4096, wsf0 + unit * 64, 512, &full[s]);
+                    } else {
+                        mm_bulk_copy(dst, wbf0 + unit * 2048, 16384, &full[s]);
+                    }
+                }
+            }
+            const uint32_t dst = mm_smem_u32(st) + t * 128;
+            const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                ws_cp_async16(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
+            cp_async_commit();
+            if (kc >= WS_LAG) {
+                cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                mm_mbar_arrive(&full[(kc - WS_LAG) % C::stages]);
+            }
+        }
+        cp_async_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        for (int kc = max(0, nkc - WS_LAG); kc < nkc; kc++) mm_mbar_arrive(&full[kc % C::stages]);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
+    const int c = wg - 1, w = t >> 5, lane = t & 31;
+    float acc[GROUPS_PER_WARP][64]; /* the first k16 step writes them (accumulate = 0) */
+    auto kstep = [&](int kc, ws_regs &a, ws_regs &prev) {
+        const int s = kc % C::stages;
+        mm_mbar_wait_parity(&full[s], (kc / C::stages) & 1);
+        const uint8_t *st = smem + s * C::stage_bytes, *slab = st + C::tok_bytes + c * C::slab_bytes;
+        a_raw<NVFP4> raw[GROUPS_PER_WARP];
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) { /* group 2w + q of the slab */
+            const int gq = 2 * w + q;
+            if constexpr (NVFP4) {
+                raw[q].w[0] = *(const uint4 *)(slab + gq * 512 + lane * 16);
+                raw[q].sf = *(const uint2 *)(slab + 4096 + gq * 64 + (lane >> 2) * 8);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) raw[q].w[i] = *(const uint4 *)(slab + gq * 2048 + 512 * i + lane * 16);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
+        const uint64_t db = ws_desc_sw128(st);
+        ws_fence();
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+        ws_commit();
+        ws_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
+        ws_keep(prev);
+        if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(kc - 1) % C::stages]);
+    };
+    /* nkc is even (H and I are multiples of 256; the launcher checks). */
+    ws_regs a0, a1;
+    for (int kc = 0; kc < nkc; kc += 2) {
+        kstep(kc, a0, a1);
+        kstep(kc + 1, a1, a0);
+    }
+    ws_wait<0>();
+    ws_keep(a0);
+    ws_keep(a1);
+    const int wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
+    gemm_epilogue<PHASE, NVFP4, 16>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8, wgroup,
+                                    col_code, col_scale, lane);
+}
+
+template <int PH, bool NV>
+static megamoe_status ws_launch_one(dim3 grid, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                    uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
+    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV>, grid, WS_THREADS, ws_cfg<NV>::smem, s, sh, L, peers, weights,
+                          tiles, force));
+    return MEGAMOE_OK;
+}
+
+megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
+                                     cudaStream_t s) {
+    const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
+    if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    const dim3 grid((rows / MM_WS_ROWS) * tiles, 1, sh.local_ranks); /* one block per (tile, row block) */
+    megamoe_status st;
+    if (phase == PHASE_GATE_UP)
+        st = sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true>(grid, tiles, sh, L, peers, weights, force, s)
+                      : ws_launch_one<PHASE_GATE_UP, false>(grid, tiles, sh, L, peers, weights, force, s);
+    else
+        st = sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true>(grid, tiles, sh, L, peers, weights, force, s)
+                      : ws_launch_one<PHASE_DOWN, false>(grid, tiles, sh, L, peers, weights, force, s);
+    if (st != MEGAMOE_OK) return st;
+    MM_CUDA_TRY(cudaGetLastError());
+    return MEGAMOE_OK;
+}
+
+template <int PH, bool NV>
+static megamoe_status ws_prepare_one() {
+    const void *f = (const void *)sm90_expert_ws_kernel<PH, NV>;
+    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV>::smem));
+    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    return MEGAMOE_OK;
+}
+
+megamoe_status sm90_expert_ws_prepare() {
+    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false>();
+    return st;
+}
