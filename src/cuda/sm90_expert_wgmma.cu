@@ -39,13 +39,6 @@ __host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
     return WG_STAGES * B_SLOT + WG_WARPS * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
 }
 
-/* Shared-memory matrix descriptor, no swizzle (dev/sm90_wgmma_probe.cu). */
-__device__ __forceinline__ uint64_t smem_desc(const void *p, uint32_t lbo, uint32_t sbo) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
-}
-
 #define ACC32(d)                                                                                                 \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
@@ -70,23 +63,6 @@ __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t d
                      : ACC32(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
     }
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-/* Makes the compiler keep registers (an RS wgmma's A operand) unchanged and live up to here. */
-__device__ __forceinline__ void keep_alive(uint32_t (&a)[GROUPS_PER_WARP][4][4]) {
-#pragma unroll
-    for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-        for (int s = 0; s < 4; s++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
 }
 
 /* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split. */
@@ -166,7 +142,6 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     /* One K step. The A registers are read by the wgmma asynchronously: those of step kc - 1
      * (prev) stay untouched, and live for the compiler, until wait_group 1 has retired that step;
      * so the loop alternates two register sets. */
-    using a_regs = uint32_t[GROUPS_PER_WARP][4][4];
     auto step = [&](int kc, a_regs &a, a_regs &prev) {
         cp_async_wait<WG_STAGES - 3>();                              /* this thread's copies of step kc */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the wgmma (async proxy) */

@@ -55,13 +55,6 @@ struct ws_cfg {
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
 
-/* K-major operand in 128-byte swizzled shared memory (1024-byte aligned): rows of 128 bytes, 8-row
- * groups 1024 bytes apart; +2 advances 32 bytes (one k16 step) within the swizzle atom. */
-__device__ __forceinline__ uint64_t ws_desc_sw128(const void *p) {
-    const uint32_t a = mm_smem_u32(p);
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-
 #define WS_ACC64(d)                                                                                              \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
@@ -86,24 +79,6 @@ template <bool nvfp4>
 __device__ __forceinline__ void ws_wgmma(float *d, const uint32_t *a, uint64_t db, int accumulate) {
     if constexpr (nvfp4) WS_WGMMA_N128("f16");
     else WS_WGMMA_N128("bf16");
-}
-
-__device__ __forceinline__ void ws_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void ws_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void ws_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-using ws_regs = uint32_t[GROUPS_PER_WARP][4][4]; /* [m64 block q][k16 step s][register] */
-/* The A registers a wgmma reads asynchronously stay untouched, and live, until its group retired. */
-__device__ __forceinline__ void ws_keep(ws_regs &a) {
-#pragma unroll
-    for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-        for (int s = 0; s < 4; s++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
 }
 
 /* 16 bytes global -> shared; src_bytes 0 fills zeros. */
@@ -238,7 +213,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][64]; /* the first k16 step writes them (accumulate = 0) */
-    auto kstep = [&](int kc, ws_regs &a, ws_regs &prev) {
+    auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
         const int s = kc % C::stages;
         mm_mbar_wait_parity(&full[s], (kc / C::stages) & 1);
         const uint8_t *st = smem + s * C::stage_bytes, *slab = st + C::tok_bytes + c * C::slab_bytes;
@@ -258,26 +233,26 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
             for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
-        const uint64_t db = ws_desc_sw128(st);
-        ws_fence();
+        const uint64_t db = desc_sw128(st);
+        wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; k++)
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
-        ws_commit();
-        ws_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
-        ws_keep(prev);
+        wgmma_commit();
+        wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
+        keep_alive(prev);
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(kc - 1) % C::stages]);
     };
     /* nkc is even (H and I are multiples of 256; the launcher checks). */
-    ws_regs a0, a1;
+    a_regs a0, a1;
     for (int kc = 0; kc < nkc; kc += 2) {
         kstep(kc, a0, a1);
         kstep(kc + 1, a1, a0);
     }
-    ws_wait<0>();
-    ws_keep(a0);
-    ws_keep(a1);
+    wgmma_wait<0>();
+    keep_alive(a0);
+    keep_alive(a1);
     const int wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
     gemm_epilogue<PHASE, NVFP4, 16>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8, wgroup,
                                     col_code, col_scale, lane);

@@ -167,6 +167,41 @@ __device__ __forceinline__ void ring_read(a_raw<nvfp4> &r, const uint8_t *ring, 
 
 __device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
 
+/* ---- warpgroup MMA (the wgmma and warp-specialized kernels) ---------------------------------- */
+
+/* Shared-memory matrix descriptor, no swizzle (dev/sm90_wgmma_probe.cu). */
+__device__ __forceinline__ uint64_t smem_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+}
+
+/* K-major operand in 128-byte swizzled shared memory (1024-byte aligned): rows of 128 bytes, 8-row
+ * groups 1024 bytes apart; +2 advances 32 bytes (one k16 step) within the swizzle atom. */
+__device__ __forceinline__ uint64_t desc_sw128(const void *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* A warp's RS-wgmma A registers: [16-row group q][k16 step s][register]. */
+using a_regs = uint32_t[GROUPS_PER_WARP][4][4];
+/* Makes the compiler keep registers (an RS wgmma's A operand) unchanged and live up to here. */
+__device__ __forceinline__ void keep_alive(a_regs &a) {
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
+}
+
 #include "gemm_plan.h" /* split-K plans and the kernel choice, shared with the host tests */
 
 /* The group's token count, read from every rank's staged count through the peer table. */
