@@ -40,7 +40,7 @@ if has multi; then
   echo "== multi-GPU tests"; MEGAMOE_CLI=$B/megamoe python3 -m pytest -q -p no:cacheprovider -rs tests/py/test_multi_gpu.py 2>&1 | tee "$OUT/multi_gpu.log" | tail -5
 fi
 if has dev; then
-  for probe in sm90_bf16_gemm_probe sm90_fp4_ws_gemm_probe sm90_stream_probe sm90_decode_gemm; do
+  for probe in sm90_bf16_gather_probe sm90_bf16_gemm_probe sm90_fp4_ws_gemm_probe sm90_stream_probe sm90_decode_gemm; do
     echo "== dev/$probe"; timeout 240 $B/$probe 2>&1 | tee "$OUT/$probe.log"
   done
 fi

@@ -53,17 +53,6 @@ __device__ __forceinline__ void wgmma_rs_n128(float *d, const uint32_t *a, uint6
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
-using a_regs = uint32_t[2][4][4]; /* [m64 block q][k16 step s][register] */
-/* The A registers a wgmma reads asynchronously stay untouched, and live, until its group retired. */
-__device__ __forceinline__ void keep_alive(a_regs &a) {
-#pragma unroll
-    for (int q = 0; q < 2; q++)
-#pragma unroll
-        for (int s = 0; s < 4; s++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[q][s][j])::"memory");
-}
-
 /* out[token][row] = sum_k W[row][k] x[token][k]; W in the kernel layout (one expert, plain rows). */
 __global__ void __launch_bounds__(THREADS, 1)
     fp4_ws_gemm(const __grid_constant__ CUtensorMap map_x, const uint8_t *codes, const uint8_t *sfs, float *out,
