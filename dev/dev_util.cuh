@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -66,6 +68,52 @@ static float median_ms(F launch, int iters = 20) {
     CK(cudaEventDestroy(e1));
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
+}
+
+/* ---- bf16 products (the BF16 probes) ------------------------------------------------------------ */
+static inline uint16_t bf16_bits(float f) { /* round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float bf16_val(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* c[M][N] (bf16) against sum_k a[arow(m)][k] b[n][k] in double at 4096 sampled outputs (within 1e-2 of
+ * the row's magnitude: the output's bf16 rounding), and every output written (the poison is NaN);
+ * prints one line with the timing (TFLOP/s against 795). Returns nonzero on a mismatch. */
+template <class Row>
+static int report_bf16_product(const char *what, const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
+                               const std::vector<uint16_t> &c, int M, int N, int K, Row arow, double med_ms) {
+    uint32_t x = 777u + (uint32_t)(M ^ N ^ K);
+    double worst = 0.0;
+    int bad = 0;
+    for (int i = 0; i < 4096; i++) {
+        x = x * 1664525u + 1013904223u;
+        const int m = (int)(x % (uint32_t)M);
+        x = x * 1664525u + 1013904223u;
+        const int n = (int)(x % (uint32_t)N);
+        double ref = 0.0, mag = 0.0;
+        for (int k = 0; k < K; k++) {
+            const double p = (double)bf16_val(a[(size_t)arow(m) * K + k]) * bf16_val(b[(size_t)n * K + k]);
+            ref += p, mag += p * p;
+        }
+        const double got = bf16_val(c[(size_t)m * N + n]), err = fabs(got - ref) / (fabs(ref) + sqrt(mag) + 1e-30);
+        worst = std::max(worst, err);
+        if (!(err < 1e-2)) bad++;
+    }
+    long unwritten = 0;
+    for (size_t i = 0; i < c.size(); i++) unwritten += (c[i] & 0x7FFF) > 0x7F80;
+    const double tf = 2.0 * M * N * K / (med_ms * 1e-3) / 1e12;
+    printf("%sM=%d N=%d K=%d: %s (worst %.2e of the row's magnitude, %d of 4096 samples off, %ld unwritten), "
+           "median %.4f ms, %.1f TFLOP/s (%.0f%% of 795)\n",
+           what, M, N, K, bad || unwritten ? "WRONG" : "exact to bf16", worst, bad, unwritten, med_ms, tf,
+           100.0 * tf / 795.0);
+    return bad || unwritten;
 }
 
 #endif /* MEGAMOE_DEV_UTIL_CUH */
