@@ -6,7 +6,7 @@
 #   usage: [TESTS=1] bash bench/build_variants.sh "name[@REV]=FLAGS" ...
 #   e.g.   bash bench/build_variants.sh "b5s6=-DMM_STREAM_BLOCKS_PER_SM=5 -DST_STAGES=6" "n128@wip/wgmma-n128="
 # then on the GPU machine, per name: .devbin/megamoe_<name> bench --backend cuda ...
-# Knobs on main: MM_STREAM_BLOCKS_PER_SM, MM_STREAM_TARGET_ITEMS (src/cuda/gemm_plan.h), ST_STAGES
+# Knobs on main: MM_STREAM_BLOCKS_PER_SM, MM_STREAM_TARGET_ITEMS, MM_WS_GROUP, MM_WS_MIN_TOKENS (src/cuda/gemm_plan.h), WS_LAG (sm90_expert_ws.cu), ST_STAGES
 # (src/cuda/sm90_expert_stream.cu).
 set -euo pipefail
 cd "$(dirname "$0")/.."

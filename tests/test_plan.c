@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -135,6 +136,29 @@ static void test_layout_reserves_the_workspace(void **state) {
     assert_true(l.barrier - l.splitk_counters >= (uint64_t)MM_SPLITK_ENTRIES * 4);
 }
 
+/* The warp-specialized kernel's items 0 .. nrb * tiles - 1 place every (tile, row block) exactly once,
+ * tiles within a group being consecutive, whatever the tile count (a persistent version that counted
+ * items from the rank's own tiles instead of the launched bound lost the last group's high row
+ * blocks). */
+static void test_ws_items_cover_every_block_once(void **state) {
+    (void)state;
+    static unsigned char seen[300 * 112];
+    const int nrbs[] = {1, 2, 6, 16, 28, 112}, tile_counts[] = {1, 2, 15, 16, 17, 33, 64, 100, 264, 300};
+    for (int a = 0; a < N(nrbs); a++)
+        for (int b = 0; b < N(tile_counts); b++) {
+            const int nrb = nrbs[a], tiles = tile_counts[b];
+            memset(seen, 0, sizeof seen);
+            for (int item = 0; item < nrb * tiles; item++) {
+                int tile = -1, rb = -1;
+                ws_item_place(item, nrb, tiles, &tile, &rb);
+                assert_true(tile >= 0 && tile < tiles && rb >= 0 && rb < nrb);
+                assert_int_equal(tile / MM_WS_GROUP, item / (MM_WS_GROUP * nrb)); /* its group */
+                assert_int_equal(seen[tile * nrb + rb], 0);
+                seen[tile * nrb + rb] = 1;
+            }
+        }
+}
+
 static void test_gemm_choice_rules(void **state) {
     (void)state;
     for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1, 2048), force);
@@ -164,6 +188,7 @@ int main(void) {
         cmocka_unit_test(test_nccl_launch_bounds_hold),
         cmocka_unit_test(test_layout_reserves_the_workspace),
         cmocka_unit_test(test_gemm_choice_rules),
+        cmocka_unit_test(test_ws_items_cover_every_block_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

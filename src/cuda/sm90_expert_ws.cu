@@ -35,12 +35,6 @@
  * 160) ptxas serializes the wgmma (C7512). */
 #define WS_PRODUCER_REGS "40"
 #define WS_CONSUMER_REGS "232"
-/* Block order: groups of WS_GROUP tiles (64-token tiles of the list; half of them lead a block), and
- * within a group every row block for each tile in turn, so a group's tokens stay in L2 while the row
- * blocks pass and each row block's weights serve the group's tiles of one expert from L2. */
-#ifndef WS_GROUP
-#define WS_GROUP 16
-#endif
 static_assert(WS_TOKENS == 2 * MM_TILE_TOKENS, "a block takes two tiles of the tile list");
 static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
 
@@ -91,16 +85,13 @@ struct ws_item {
     int rb, e, first, ncols; /* ncols 0: nothing to do (an odd tile, or past the rank's tiles) */
 };
 
-/* Item `item` of a rank: WS_GROUP tiles at a time, and within a group each row block for every tile
- * of the group in turn, so a group's tokens stay in L2 while the row blocks pass and each row
- * block's weights serve the group's tiles of one expert from L2. The block of an expert's even
- * tile takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
+/* Item `item` of a rank (ws_item_place's order, gemm_plan.h). The block of an expert's even tile
+ * takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
 __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const uint8_t *mine, int item, int nrb,
                                              int tiles, int num_tiles) {
-    const int group = item / (WS_GROUP * nrb), in_group = item % (WS_GROUP * nrb);
-    const int group_tiles = min(WS_GROUP, tiles - group * WS_GROUP);
-    const int tile = group * WS_GROUP + in_group % group_tiles;
-    ws_item it = {in_group / group_tiles, 0, 0, 0};
+    int tile, rb;
+    ws_item_place(item, nrb, tiles, &tile, &rb);
+    ws_item it = {rb, 0, 0, 0};
     if (tile >= num_tiles) return it;
     const int start = ((const int32_t *)(mine + L.tile_start))[tile];
     if (start % WS_TOKENS != 0) return it;
