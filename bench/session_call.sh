@@ -8,7 +8,8 @@
 #     TESTS="c" KERNELS="auto wgmma stream" BENCH="main c" TOKENS=1,8,32,128 bash bench/session_call.sh
 #   env: TESTS (build names, each optionally NAME:kernel,kernel), BENCH (build names; "main" =
 #        .devbin/megamoe), KERNELS (test_gpu's forced kernels, default all four), TOKENS, SHAPES, FORMATS,
-#        SANITIZE (1: memcheck + racecheck of the first TESTS build, default 1), LIMIT (default 540)
+#        SANITIZE (1: memcheck + racecheck of the first TESTS build, default 1), LIMIT (default 540),
+#        PROBES (dev probes of .devbin run first on GPU 0, 90 s each at most, e.g. "sm90_bf16_gather_probe")
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -22,6 +23,10 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 first=${TESTS%% *}
 first=${first%%:*}
 tests_part() {
+  local probe
+  for probe in ${PROBES:-}; do
+    echo "== $probe"; timeout 90 ".devbin/$probe" 2>&1 | tail -n 8
+  done
   [ -n "${TESTS:-}" ] || return 0
   local until=$(( $(date +%s) + $(left) * 6 / 10 )) entry
   for entry in $TESTS; do # NAME or NAME:kernel,kernel (default: $KERNELS)
