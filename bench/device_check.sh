@@ -28,7 +28,7 @@ if has sanitize; then
   # run below; docs/TESTING.md).
   for run in "memcheck auto" "memcheck wgmma" "memcheck stream" "memcheck ws" "racecheck auto" "racecheck wgmma" "racecheck mma"; do
     set -- $run
-    excl=(); [ "$1" = racecheck ] && excl=(--kernel-name-exclude kns=sm90_expert_stream_kernel --kernel-name-exclude kns=sm90_expert_ws_kernel)
+    excl=(); [ "$1" = racecheck ] && excl=("${RACECHECK_EXCLUDE[@]}")
     echo "== compute-sanitizer $1 (MEGAMOE_GEMM=$2)"
     MEGAMOE_GEMM=$2 compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 "${excl[@]}" \
         $B/test_gpu --quick > "$OUT/sanitize_$1_$2.log" 2>&1

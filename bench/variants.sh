@@ -26,7 +26,7 @@ tests)
 sanitize)
   for name in "$@"; do
     for tool in memcheck racecheck; do
-      excl=(); [ $tool = racecheck ] && excl=(--kernel-name-exclude kns=sm90_expert_stream_kernel --kernel-name-exclude kns=sm90_expert_ws_kernel)
+      excl=(); [ $tool = racecheck ] && excl=("${RACECHECK_EXCLUDE[@]}")
       log="$OUT/sanitize_${name}_$tool.log"
       compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 "${excl[@]}" \
         "$(bin "$name" test_gpu)" --quick > "$log" 2>&1
