@@ -68,15 +68,15 @@ void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t row
     FOR_EACH_SCALE(out_sf[src] = sf[dst];)
 }
 
-/* Element of a unit's 1024 bf16 (weight_layout.h): k16 step s, then lane, then register j, element e. */
-static int64_t bf16_index(int64_t frag, int lane, int s, int j, int e) {
-    return (frag >> 5) * 1024 + 256 * s + 8 * lane + 2 * j + e;
+/* Element of register j's element e of lane (4g + c), k16 step s, group q's K step kc (weight_layout.h). */
+static int64_t bf16_index(int64_t q, int64_t kc, int64_t nkc, int lane, int s, int j, int e) {
+    return mm_layout_bf16_piece(q, kc, nkc, s, j >> 1, j & 1) + 8 * (lane >> 2) + 2 * (lane & 3) + e;
 }
 
 void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
-    FOR_EACH_FRAGMENT_ELEMENT(out[bf16_index(frag, lane, s, j, e)] = w[row * K + k];)
+    FOR_EACH_FRAGMENT_ELEMENT((void)frag; out[bf16_index(q, kc, K / MM_FRAG_K, lane, s, j, e)] = w[row * K + k];)
 }
 
 void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
-    FOR_EACH_FRAGMENT_ELEMENT(out[row * K + k] = w[bf16_index(frag, lane, s, j, e)];)
+    FOR_EACH_FRAGMENT_ELEMENT((void)frag; out[row * K + k] = w[bf16_index(q, kc, K / MM_FRAG_K, lane, s, j, e)];)
 }

@@ -7,8 +7,11 @@
  * k16 step (BF16): exactly the A fragments of four mma.sync m16n8k16 (k16 steps s = 0..3). Lane
  * l = 4g + c: register j of step s holds the pair (row, k), (row, k+1) with
  *   row = g + 8 * (j & 1),  k = 64 * step + 16 * s + 2c + 8 * (j >> 1);
- *   BF16:  16-bit elements 256 s + 8 l + 2j, + 1 of the unit's 1024 (step-major, so a warp's 16-byte
- *          reads of one step are 512 contiguous bytes: no shared-memory bank conflicts).
+ *   BF16:  a slab's K step (8 units, 16 KB) is in the K-major core-matrix order of the warpgroup MMA:
+ *          [k16 step s][k half h][8-row block, 16][row, 8][8 elements], the groups' 8-row blocks in
+ *          the order of groups 0, 2, 4, 6, 1, 3, 5, 7 (mm_layout_bf16_piece), so shared memory holding
+ *          it is an SS-wgmma A operand (m64 block q = groups 2w + q, LBO 2 KB, SBO 128 B); register
+ *          j of lane 4g + c is element 8g + 2c of the piece (s, j >> 1, j & 1).
  *   NVFP4: word s of the lane's 16 bytes holds the 8 codes of step s in two bit positions per byte,
  *   chosen so the kernel's decode is ~1 integer op per weight (KERNEL_NOTES §2.2b):
  *     "A form" bits 7 (sign) and 3..1 (e1 e0 m): registers 0 and 1, byte 2(j&1) + (k odd);
@@ -43,6 +46,16 @@ __host__ __device__
 #endif
 static inline int64_t mm_layout_unit(int64_t q, int64_t kc, int64_t nkc) {
     return ((q / MM_SLAB_GROUPS) * nkc + kc) * MM_SLAB_GROUPS + q % MM_SLAB_GROUPS;
+}
+
+/* BF16: the element offset of the 8 rows x 8 k piece (s, h, half) of group q's K step kc: rows
+ * 8 half .. 8 half + 7 of the group, k 16 s + 8 h .. + 7 of the step (64 elements, row-major). */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int64_t mm_layout_bf16_piece(int64_t q, int64_t kc, int64_t nkc, int s, int h, int half) {
+    const int64_t g = q % MM_SLAB_GROUPS, pos = (g % 2) * 4 + g / 2;
+    return mm_layout_unit(q - g, kc, nkc) * 1024 + ((int64_t)(s * 2 + h) * 16 + pos * 2 + half) * 64;
 }
 
 /* Checkpoint row of row r (0..15) of group q: interleaved gate/up (rows = 2I) or plain. */

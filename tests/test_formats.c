@@ -147,9 +147,13 @@ static void test_weight_layout_round_trip(void **state) {
      * checkpoint row 128 + 75, k = 128 + 48 + 2; unit (1 * 3 + 2) * 8 + 1 = 41. */
     const int64_t row = 128 + 75, k = 128 + 48 + 2, unit = 41;
     assert_int_equal(mm_layout_unit(9, 2, 3), unit);
-    /* BF16 units are step-major: element 256 s + 8 lane + 2 j + e of the unit's 1024. */
-    assert_int_equal(pw[unit * 1024 + 256 * 3 + 8 * 13 + 2 * 1 + 0], w[row * K + k]);
-    assert_int_equal(pw[unit * 1024 + 256 * 3 + 8 * 13 + 2 * 1 + 1], w[row * K + k + 1]);
+    /* BF16: the slab step (units 40..47) in core-matrix order: group 9 is place 1 of slab 1, so its
+     * 8-row blocks are positions 4 * 1 + 0 = 4 (x2, + half); register 1 = half 1, k half 0; lane 13 =
+     * g 3, c 1: element ((3 * 2 + 0) * 16 + 4 * 2 + 1) * 64 + 8 * 3 + 2 * 1 of the slab step. */
+    const int64_t piece = (int64_t)(unit - 1) * 1024 + ((3 * 2 + 0) * 16 + 4 * 2 + 1) * 64;
+    assert_int_equal(mm_layout_bf16_piece(9, 2, 3, 3, 0, 1), piece);
+    assert_int_equal(pw[piece + 8 * 3 + 2 * 1 + 0], w[row * K + k]);
+    assert_int_equal(pw[piece + 8 * 3 + 2 * 1 + 1], w[row * K + k + 1]);
     /* Its scale: byte 2s + h = 7 (row g + 8) of g = 3 in the unit's 64 = checkpoint block 4 * 2 + 3. */
     assert_int_equal(ps[(unit * 8 + 3) * 8 + 7], sf[row * (K / 16) + 4 * 2 + 3]);
 }

@@ -20,7 +20,8 @@
  * Warp w of a consumer holds the slab's groups 2w and 2w + 1 (m64 block q takes group 2w + q from
  * warp w): a warp's two groups are then one NVFP4 block of 16 intermediate indices, and its
  * accumulators are exactly what gemm_epilogue takes (NT = 16 n-tiles of 8 tokens).
- * BF16 runs the same way with its 2 KB units (step-major, so the register loads are conflict-free).
+ * BF16 takes its A operand from shared memory instead (SS wgmma): a slab's K step is stored in the
+ * K-major core-matrix order (weight_layout.h), so the bulk-copied 16 KB is the operand as it lands.
  */
 #include "sm90_async.cuh"
 #include "sm90_gemm_common.cuh"
@@ -80,6 +81,18 @@ template <bool nvfp4>
 __device__ __forceinline__ void ws_wgmma(float *d, const uint32_t *a, uint64_t db, int accumulate) {
     if constexpr (nvfp4) WS_WGMMA_N128("f16");
     else WS_WGMMA_N128("bf16");
+}
+
+/* BF16: d[64] (+)= A (64 x 16 from shared memory, descriptor da) . B (128 tokens x 16)^T */
+__device__ __forceinline__ void ws_wgmma_ss_bf16(float *d, uint64_t da, uint64_t db, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+                 "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+                 "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : WS_ACC64(d)
+                 : "l"(da), "l"(db), "r"(accumulate));
 }
 
 /* 16 bytes global -> shared; src_bytes 0 fills zeros. */
@@ -225,31 +238,38 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         mm_mbar_wait_parity(&full[s], (kc / C::stages) & 1);
         if (WS_NOINC) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the tokens' cp.async */
         const uint8_t *st = smem + s * C::stage_bytes, *slab = st + C::tok_bytes + c * C::slab_bytes;
-        a_raw<NVFP4> raw[GROUPS_PER_WARP];
+        const uint64_t db = desc_sw128(st);
+        if constexpr (NVFP4) {
+            a_raw<NVFP4> raw[GROUPS_PER_WARP];
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) { /* group 2w + q of the slab */
-            const int gq = 2 * w + q;
-            if constexpr (NVFP4) {
+            for (int q = 0; q < GROUPS_PER_WARP; q++) { /* group 2w + q of the slab */
+                const int gq = 2 * w + q;
                 raw[q].w[0] = *(const uint4 *)(slab + gq * 512 + lane * 16);
                 raw[q].sf = *(const uint2 *)(slab + 4096 + gq * 64 + (lane >> 2) * 8);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; i++) raw[q].w[i] = *(const uint4 *)(slab + gq * 2048 + 512 * i + lane * 16);
             }
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+        } else {
+            /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
+             * at 8-row block 8 q of piece row (k, h = 0); LBO 2 KB (k half), SBO 128 B (8 rows). */
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    ws_wgmma_ss_bf16(acc[q], smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128), db + 2 * k,
+                                     kc > 0 || k > 0);
         }
-#pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
-        const uint64_t db = desc_sw128(st);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
         wgmma_commit();
         wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
-        keep_alive(prev);
+        if constexpr (NVFP4) keep_alive(prev);
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(kc - 1) % C::stages]);
     };
     /* nkc is even (H and I are multiples of 256; the launcher checks). */
@@ -259,8 +279,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         kstep(kc + 1, a1, a0);
     }
     wgmma_wait<0>();
-    keep_alive(a0);
-    keep_alive(a1);
+    if constexpr (NVFP4) {
+        keep_alive(a0);
+        keep_alive(a1);
+    }
     const int wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
     gemm_epilogue<PHASE, NVFP4, 16>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8, wgroup,
                                     col_code, col_scale, lane);

@@ -76,7 +76,7 @@ __device__ __forceinline__ void tile_columns(const mm_dev_shape &sh, const mm_bu
 /* The raw fragment data of one 16-row group for one K step. */
 template <bool NVFP4>
 struct a_raw {
-    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: k16 step i's 16 bytes in w[i] */
+    uint4 w[NVFP4 ? 1 : 4]; /* NVFP4: codes of 4 k16 steps; BF16: k16 step i's registers 0..3 in w[i] */
     uint2 sf;               /* NVFP4: scales, bytes 2s / 2s+1 = rows g / g+8 of k16 step s */
 };
 
@@ -87,9 +87,17 @@ __device__ __forceinline__ void load_a(a_raw<nvfp4> &r, const uint8_t *codes, co
     if constexpr (nvfp4) {
         r.w[0] = __ldg((const uint4 *)codes + frag);
         r.sf = __ldg((const uint2 *)sf + unit * 8 + (lane >> 2));
-    } else {
-        const uint4 *p = (const uint4 *)(bf16 + unit * 1024) + lane; /* step-major (weight_layout.h) */
-        for (int i = 0; i < 4; i++) r.w[i] = __ldg(p + 32 * i);
+    } else { /* register j of step s: element 8g + 2c of piece (s, j >> 1, j & 1): 128 B per warp load */
+        const int off = 8 * (lane >> 2) + 2 * (lane & 3);
+        (void)unit;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint32_t v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = __ldg((const uint32_t *)(bf16 + mm_layout_bf16_piece((int64_t)group, kc, nkc, s, j >> 1, j & 1) + off));
+            r.w[s] = make_uint4(v[0], v[1], v[2], v[3]);
+        }
     }
 }
 
@@ -142,10 +150,14 @@ __device__ __forceinline__ void issue_a(uint8_t *ring, const uint8_t *codes, con
             if constexpr (nvfp4) {
                 cp_async16(slot + lane * 16, codes + unit * 512 + lane * 16);
                 if (lane < 8) cp_async8(slot + 512 + lane * 8, sf + unit * 64 + lane * 8);
-            } else {
-                const uint8_t *src = (const uint8_t *)wb + unit * 2048 + lane * 16;
+            } else { /* the group's 16 pieces of 128 B into the slot in (s, register j) order */
 #pragma unroll
-                for (int i = 0; i < 4; i++) cp_async16(slot + 512 * i + lane * 16, src + 512 * i);
+                for (int it = 0; it < 4; it++) {
+                    const int i = lane + 32 * it, p = i >> 3, s = p >> 2, j = p & 3;
+                    const uint16_t *piece = wb + mm_layout_bf16_piece((int64_t)(group0 + q), kc, nkc, s, j >> 1, j & 1);
+                    cp_async16(slot + p * 128 + (i & 7) * 16, piece + (i & 7) * 8);
+                }
+                (void)unit;
             }
         }
     }
@@ -159,9 +171,14 @@ __device__ __forceinline__ void ring_read(a_raw<nvfp4> &r, const uint8_t *ring, 
     if constexpr (nvfp4) {
         r.w[0] = *(const uint4 *)(slot + lane * 16);
         r.sf = *(const uint2 *)(slot + 512 + (lane >> 2) * 8);
-    } else {
+    } else { /* matrix j of step s at slot + (4 s + j) * 128: one ldmatrix.x4 gives registers 0..3 */
 #pragma unroll
-        for (int i = 0; i < 4; i++) r.w[i] = *(const uint4 *)(slot + 512 * i + lane * 16);
+        for (int s = 0; s < 4; s++) {
+            const uint32_t a = (uint32_t)__cvta_generic_to_shared(slot + (4 * s + (lane >> 3)) * 128 + (lane & 7) * 16);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(r.w[s].x), "=r"(r.w[s].y), "=r"(r.w[s].z), "=r"(r.w[s].w)
+                         : "r"(a));
+        }
     }
 }
 
