@@ -26,7 +26,8 @@
 #include "sm90_gemm_common.cuh"
 
 #define WS_THREADS 384
-#define WS_TOKENS 128 /* tokens per block: the wgmma N */
+/* Tokens per block, the wgmma N (template NTOK): 128 (two 64-token tiles of the list: GEMM_WS) or
+ * 64 (one tile: GEMM_WS64, for 16-64 tokens per expert, where the weights' bandwidth bounds). */
 #ifndef WS_LAG
 #define WS_LAG 2      /* K steps of token copies a producer thread keeps in flight before signalling */
 #endif
@@ -42,15 +43,15 @@
  * 160) ptxas serializes the wgmma (C7512). */
 #define WS_PRODUCER_REGS "40"
 #define WS_CONSUMER_REGS "232"
-static_assert(WS_TOKENS == 2 * MM_TILE_TOKENS, "a block takes two tiles of the tile list");
+static_assert(MM_TILE_TOKENS == 64, "a block takes one or two tiles of the tile list");
 static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
 
-template <bool NVFP4>
+template <bool NVFP4, int NTOK>
 struct ws_cfg {
-    static constexpr int tok_bytes = WS_TOKENS * BK * 2;                 /* 16 KB of 16-bit tokens per step */
+    static constexpr int tok_bytes = NTOK * BK * 2;                      /* 16 / 8 KB of 16-bit tokens per step */
     static constexpr int slab_bytes = NVFP4 ? 4096 + 512 : 16384;        /* a slab's step: codes + scales | bf16 */
     static constexpr int stage_bytes = tok_bytes + 2 * slab_bytes;
-    static constexpr int stages = NVFP4 ? 6 : 4;
+    static constexpr int stages = NVFP4 ? (NTOK == 128 ? 6 : 8) : (NTOK == 128 ? 4 : 5);
     static constexpr int smem = stages * stage_bytes + 1024;             /* + alignment to 1024 (swizzle) */
     static_assert(stage_bytes % 1024 == 0, "each stage's token tile 1024-byte aligned");
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
@@ -75,11 +76,30 @@ struct ws_cfg {
                  : WS_ACC64(d)                                                                                  \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
 
-/* d[64] (+)= A (64 x 16: this warp's 16 rows in a[4], mma.sync fragment order) . B (128 tokens x 16)^T */
-template <bool nvfp4>
+#define WS_ACC32(d)                                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WS_WGMMA_N64(TYPE)                                                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                   \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                               \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                     \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                          \
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                    \
+                 : WS_ACC32(d)                                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
+
+/* d[NTOK / 2] (+)= A (64 x 16: this warp's 16 rows in a[4], mma.sync fragment order) . B (NTOK tokens x 16)^T */
+template <bool nvfp4, int NTOK>
 __device__ __forceinline__ void ws_wgmma(float *d, const uint32_t *a, uint64_t db, int accumulate) {
-    if constexpr (nvfp4) WS_WGMMA_N128("f16");
-    else WS_WGMMA_N128("bf16");
+    if constexpr (NTOK == 128) {
+        if constexpr (nvfp4) WS_WGMMA_N128("f16");
+        else WS_WGMMA_N128("bf16");
+    } else {
+        if constexpr (nvfp4) WS_WGMMA_N64("f16");
+        else WS_WGMMA_N64("bf16");
+    }
 }
 
 /* 16 bytes global -> shared; src_bytes 0 fills zeros. */
@@ -87,13 +107,14 @@ __device__ __forceinline__ void ws_cp_async16(uint32_t dst, const void *src, int
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-/* A work item: one row block of 256 x one 128-token block of an expert. */
+/* A work item: one row block of 256 x one NTOK-token block of an expert. */
 struct ws_item {
     int rb, e, first, ncols; /* ncols 0: nothing to do (an odd tile, or past the rank's tiles) */
 };
 
-/* Item `item` of a rank (ws_item_place's order, gemm_plan.h). The block of an expert's even tile
- * takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
+/* Item `item` of a rank (ws_item_place's order, gemm_plan.h). NTOK 128: the block of an expert's
+ * even tile takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
+template <int NTOK>
 __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const uint8_t *mine, int item, int nrb,
                                              int tiles, int num_tiles) {
     int tile, rb;
@@ -101,38 +122,39 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
     ws_item it = {rb, 0, 0, 0};
     if (tile >= num_tiles) return it;
     const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    if (start % WS_TOKENS != 0) return it;
+    if (start % NTOK != 0) return it;
     it.e = ((const int32_t *)(mine + L.tile_expert))[tile];
     it.first = ((const int32_t *)(mine + L.expert_offset))[it.e] + start;
-    it.ncols = min(WS_TOKENS, ((const int32_t *)(mine + L.expert_count))[it.e] - start);
+    it.ncols = min(NTOK, ((const int32_t *)(mine + L.expert_count))[it.e] - start);
     return it;
 }
 
 /* One block per item (blockIdx.x), in ws_decode's order. Blocks never wait for each other. */
-template <int PHASE, bool NVFP4>
+template <int PHASE, bool NVFP4, int NTOK>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
                                                                        int force) {
-    using C = ws_cfg<NVFP4>;
+    using C = ws_cfg<NVFP4, NTOK>;
     mm_wait_previous();
     extern __shared__ uint8_t ws_smem_raw[];
     __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages];
-    __shared__ int col_code[WS_TOKENS];
-    __shared__ float col_scale[WS_TOKENS];
+    __shared__ int col_code[NTOK];
+    __shared__ float col_scale[NTOK];
 
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
     uint8_t *mine = peers[sh.first_rank + (int)blockIdx.z];
-    const ws_item it = ws_decode(L, mine, (int)blockIdx.x, nrb, tiles, *(const int32_t *)(mine + L.num_tiles));
+    const ws_item it = ws_decode<NTOK>(L, mine, (int)blockIdx.x, nrb, tiles, *(const int32_t *)(mine + L.num_tiles));
     if (it.ncols == 0) return;
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != GEMM_WS) return; /* another kernel has it */
+    if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
+        return; /* another kernel has it */
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-    if (tid < WS_TOKENS) {
+    if (tid < NTOK) {
         const int code = tid < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + tid] : -1;
         col_code[tid] = code;
         float s = 1.0f;
@@ -156,7 +178,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_PRODUCER_REGS ";\n");
         /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
          * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
-        const int code = col_code[t];
+        const int code = t < NTOK ? col_code[t] : -1;
         const uint16_t *row = NULL;
         if (code >= 0) {
             if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
@@ -192,9 +214,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             }
             const uint32_t dst = mm_smem_u32(st) + t * 128;
             const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
+            if (t < NTOK) /* NTOK 64: threads 64..127 copy nothing but signal like the others */
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                ws_cp_async16(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
+                for (int j = 0; j < 8; j++)
+                    ws_cp_async16(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
             if (WS_NOINC) {
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(mm_smem_u32(&full[s]))
                              : "memory");
@@ -219,7 +242,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     const int c = wg - 1, w = t >> 5, lane = t & 31;
-    float acc[GROUPS_PER_WARP][64]; /* the first k16 step writes them (accumulate = 0) */
+    float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
     auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
         const int s = kc % C::stages;
         mm_mbar_wait_parity(&full[s], (kc / C::stages) & 1);
@@ -246,7 +269,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 #pragma unroll
         for (int k = 0; k < 4; k++)
 #pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+            for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4, NTOK>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
         wgmma_commit();
         wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
         keep_alive(prev);
@@ -262,48 +285,61 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     keep_alive(a0);
     keep_alive(a1);
     const int wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
-    gemm_epilogue<PHASE, NVFP4, 16>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8, wgroup,
+    gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8, wgroup,
                                     col_code, col_scale, lane);
 }
 
-template <int PH, bool NV>
+template <int PH, bool NV, int NTOK>
 static megamoe_status ws_launch_one(dim3 grid, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                     uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV>, grid, WS_THREADS, ws_cfg<NV>::smem, s, sh, L, peers, weights,
-                          tiles, force));
+    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s, sh, L,
+                          peers, weights, tiles, force));
     return MEGAMOE_OK;
 }
 
+template <int NTOK>
+static megamoe_status ws_launch_ntok(int phase, dim3 grid, int tiles, const mm_dev_shape &sh,
+                                     const mm_buffer_layout &L, uint8_t *const *peers, const mm_dev_weights *weights,
+                                     int force, cudaStream_t s) {
+    if (phase == PHASE_GATE_UP)
+        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, tiles, sh, L, peers, weights, force, s)
+                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, tiles, sh, L, peers, weights, force, s);
+    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, tiles, sh, L, peers, weights, force, s)
+                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, tiles, sh, L, peers, weights, force, s);
+}
+
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
-                                     cudaStream_t s) {
+                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int ntok,
+                                     int force, cudaStream_t s) {
     const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
     if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
     const dim3 grid((rows / MM_WS_ROWS) * tiles, 1, sh.local_ranks); /* one block per (tile, row block) */
-    megamoe_status st;
-    if (phase == PHASE_GATE_UP)
-        st = sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true>(grid, tiles, sh, L, peers, weights, force, s)
-                      : ws_launch_one<PHASE_GATE_UP, false>(grid, tiles, sh, L, peers, weights, force, s);
-    else
-        st = sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true>(grid, tiles, sh, L, peers, weights, force, s)
-                      : ws_launch_one<PHASE_DOWN, false>(grid, tiles, sh, L, peers, weights, force, s);
+    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, tiles, sh, L, peers, weights, force, s)
+                                          : ws_launch_ntok<64>(phase, grid, tiles, sh, L, peers, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV>
+template <int PH, bool NV, int NTOK>
 static megamoe_status ws_prepare_one() {
-    const void *f = (const void *)sm90_expert_ws_kernel<PH, NV>;
-    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV>::smem));
+    const void *f = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK>;
+    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV, NTOK>::smem));
     MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     return MEGAMOE_OK;
 }
 
+template <int NTOK>
+static megamoe_status ws_prepare_ntok() {
+    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true, NTOK>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false, NTOK>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false, NTOK>();
+    return st;
+}
+
 megamoe_status sm90_expert_ws_prepare() {
-    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false>();
+    megamoe_status st = ws_prepare_ntok<128>();
+    if (st == MEGAMOE_OK) st = ws_prepare_ntok<64>();
     return st;
 }
