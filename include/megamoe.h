@@ -169,8 +169,8 @@ typedef struct megamoe_layer_config {
     int gemm_kernel;        /* device backends' expert GEMMs: 0 = chosen per forward from the
                                token count (default), 1 = mma.sync, 2 = wgmma, 3 = the
                                streaming kernel (NVFP4; BF16 layers get mma.sync), 4 = the
-                               warp-specialized kernel; tests and benchmarks only: every
-                               rank must pass the same value                                   */
+                               warp-specialized kernel, 5 = the same on 64-token blocks;
+                               tests and benchmarks only: every rank must pass the same value */
 } megamoe_layer_config;
 
 typedef struct megamoe_layer megamoe_layer;

@@ -81,8 +81,8 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
                      (double)c->activation_clamp);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (c->gemm_kernel < 0 || c->gemm_kernel > 4) {
-        mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming) or 4 (warp-specialized)",
+    if (c->gemm_kernel < 0 || c->gemm_kernel > 5) {
+        mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming), 4 (warp-specialized) or 5 (warp-specialized, 64-token blocks)",
                      c->gemm_kernel);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }

@@ -66,7 +66,7 @@ static void dev_free(dev_inputs *d) {
     cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
 }
 
-/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws forces one (the suite runs
+/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws|ws64 forces one (the suite runs
  * once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
 static int g_gemm_kernel;
 
@@ -398,10 +398,10 @@ static void test_other_stream_holds_sms(void **state) {
              * the occupier has gone: held 0.2 s, then released, then up to 10 s to finish. */
             const long slots = (long)T * c.top_k;
             const int I = c.intermediate_size, H = c.hidden_size;
-            const int ws = gemm_choice(g_gemm_kernel, slots, c.num_experts,
-                                       plan_splitk(slots, c.num_experts, 2 * I / 128, H / 64).splits, f == 0, H < I ? H : I) == GEMM_WS ||
-                           gemm_choice(g_gemm_kernel, slots, c.num_experts,
-                                       plan_splitk(slots, c.num_experts, H / 128, I / 64).splits, f == 0, H < I ? H : I) == GEMM_WS;
+            const int ws = gemm_rank(gemm_choice(g_gemm_kernel, slots, c.num_experts,
+                                       plan_splitk(slots, c.num_experts, 2 * I / 128, H / 64).splits, f == 0, H < I ? H : I)) == 2 ||
+                           gemm_rank(gemm_choice(g_gemm_kernel, slots, c.num_experts,
+                                       plan_splitk(slots, c.num_experts, H / 128, I / 64).splits, f == 0, H < I ? H : I)) == 2;
             assert_int_equal(gpu_forward(gg, lg, &in, &d, s), MEGAMOE_OK);
             cudaError_t q = cudaErrorNotReady;
             for (int ms = 0; ms < (ws ? 200 : 10000) && (q = cudaStreamQuery(s)) == cudaErrorNotReady; ms++) {
@@ -445,11 +445,12 @@ int main(int argc, char **argv) {
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
     const char *gemm = getenv("MEGAMOE_GEMM");
-    g_gemm_kernel = !gemm ? 0 : strcmp(gemm, "mma") == 0 ? 1 : strcmp(gemm, "wgmma") == 0 ? 2 : strcmp(gemm, "stream") == 0 ? 3 : strcmp(gemm, "ws") == 0 ? 4 : 0;
+    g_gemm_kernel = !gemm ? 0 : strcmp(gemm, "mma") == 0 ? 1 : strcmp(gemm, "wgmma") == 0 ? 2 : strcmp(gemm, "stream") == 0 ? 3 : strcmp(gemm, "ws") == 0 ? 4 : strcmp(gemm, "ws64") == 0 ? 5 : 0;
     printf("expert GEMM kernels: %s\n", g_gemm_kernel == 1 ? "mma.sync (forced)"
                                        : g_gemm_kernel == 2 ? "wgmma (forced)"
                                        : g_gemm_kernel == 3 ? "streaming for NVFP4, mma.sync for BF16 (forced)"
                                        : g_gemm_kernel == 4 ? "warp-specialized (forced)"
+                                       : g_gemm_kernel == 5 ? "warp-specialized, 64-token blocks (forced)"
                                                             : "chosen per forward");
 #ifdef MEGAMOE_HAVE_NCCL
     ncclUniqueId id;

@@ -61,8 +61,8 @@ static void test_size_rules(void **state) {
     c.norm_eps = 0.0f;
     expect_create_error(1, c, "norm_eps", "> 0");
     c = small_config(MEGAMOE_FORMAT_NVFP4);
-    c.gemm_kernel = 5;
-    expect_create_error(1, c, "gemm_kernel=5", "warp-specialized");
+    c.gemm_kernel = 6;
+    expect_create_error(1, c, "gemm_kernel=6", "64-token");
     c = small_config(MEGAMOE_FORMAT_NVFP4);
     c.timeout_ms = 0;
     expect_create_error(1, c, "timeout_ms=0", ">= 1");

@@ -163,6 +163,9 @@ static void test_gemm_choice_rules(void **state) {
     (void)state;
     for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1, 2048), force);
     assert_int_equal(gemm_choice(GEMM_WS, 5, 256, 4, 0, 2048), GEMM_WS);
+    assert_int_equal(gemm_choice(GEMM_WS64, 5, 256, 4, 1, 2048), GEMM_WS64);
+    for (long slots = 1; slots <= 1L << 20; slots *= 4) /* never chosen by itself */
+        for (int nvfp4 = 0; nvfp4 <= 1; nvfp4++) assert_true(gemm_choice(0, slots, 256, 1, nvfp4, 2048) != GEMM_WS64);
     /* The warp-specialized kernel from MM_WS_MIN_TOKENS per expert (NVFP4: min(H, I) >= 2048; BF16: unsplit only). */
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);

@@ -238,7 +238,7 @@ int cmd_demo(int argc, char **argv) {
 static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
-    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream|ws]\n"
+    "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream|ws|ws64]\n"
     "                     [--peak-tflops P]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
@@ -253,8 +253,9 @@ static const char k_bench_help[] =
     "             slowest rank's median, and the activations and expert outputs that cross NVLink.\n"
     "  --gemm K   the GPU's expert GEMM kernel: auto (default: chosen per forward from the token\n"
     "             count), mma (mma.sync, split-K), wgmma (warpgroup MMA), stream (the NVFP4\n"
-    "             streaming kernel for few tokens per expert; BF16 layers take mma) or ws (the\n"
-    "             warp-specialized warpgroup-MMA kernel for many tokens per expert).\n"
+    "             streaming kernel for few tokens per expert; BF16 layers take mma), ws (the\n"
+    "             warp-specialized warpgroup-MMA kernel for many tokens per expert) or ws64 (the same\n"
+    "             on 64-token blocks; never chosen by auto).\n"
     "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
     "             8192^3 bf16 product with cuBLAS on an H200, measured).\n";
 
@@ -367,6 +368,7 @@ int cmd_bench(int argc, char **argv) {
                    : strcmp(optarg, "wgmma") == 0 ? 2
                    : strcmp(optarg, "stream") == 0 ? 3
                    : strcmp(optarg, "ws") == 0     ? 4
+                   : strcmp(optarg, "ws64") == 0   ? 5
                                                    : -1;
             ok = gemm >= 0;
             break;

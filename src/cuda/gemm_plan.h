@@ -55,7 +55,7 @@ MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
  * A function of the global token count and the shape only, like the split-K plans, so y does not
  * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
  * and benchmarks) overrides it for every rank. */
-enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3, GEMM_WS = 4 };
+enum { GEMM_AUTO = 0, GEMM_MMA = 1, GEMM_WGMMA = 2, GEMM_STREAM = 3, GEMM_WS = 4, GEMM_WS64 = 5 };
 /* The warp-specialized kernel (sm90_expert_ws.cu, blocks of 256 rows x 128 tokens) from this many
  * tokens per expert on average; for NVFP4 only when both K are long (min_k = min(H, I) >= 2048).
  * Measured (H200, 2026-11-29, session 6 calls 2-4, ms ws / wgmma): NVFP4 DSv3 T = 512 (16 per expert)
@@ -82,7 +82,8 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
     *rb = in_group / group_tiles;
 }
 MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
-    if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS) return force;
+    /* GEMM_WS64 (the warp-specialized kernel on 64-token blocks) is forced only, for measuring. */
+    if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS || force == GEMM_WS64) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
     if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 ? min_k >= 2048 : splits == 1)) return GEMM_WS;
     /* NVFP4: streaming up to 8 tokens per expert on average (measured 2026-11-29, H200: at 4-8 it
@@ -92,7 +93,9 @@ MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, 
 }
 /* The order of the kernels along the token count (the choice never goes down as it grows): the
  * few-token kernels (mma.sync, streaming), wgmma, warp-specialized. */
-MM_PLAN_FN int gemm_rank(int kernel) { return kernel == GEMM_WS ? 2 : kernel == GEMM_WGMMA ? 1 : 0; }
+MM_PLAN_FN int gemm_rank(int kernel) {
+    return kernel == GEMM_WS || kernel == GEMM_WS64 ? 2 : kernel == GEMM_WGMMA ? 1 : 0;
+}
 
 /* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of
  * (tile, 128-row slab, K split). K is split only when the (tile, slab) pairs are too few to give

@@ -238,7 +238,8 @@ static megamoe_status launch_phase(int kernel, bool wgmma, bool ws, int wsp, dim
                       : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
     if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
     if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
-    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, force, s);
+    if (st == MEGAMOE_OK && ws)
+        st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, kernel == GEMM_WS64 ? 64 : 128, force, s);
     return st;
 }
 
@@ -271,7 +272,7 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int top = gemm_rank(gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv, mk));
     const bool wg1 = nccl ? gemm_rank(k1) <= 1 && top >= 1 : k1 == GEMM_WGMMA;
     const bool wg2 = nccl ? gemm_rank(k2) <= 1 && top >= 1 : k2 == GEMM_WGMMA;
-    const bool ws1 = nccl ? top >= 2 : k1 == GEMM_WS, ws2 = nccl ? top >= 2 : k2 == GEMM_WS;
+    const bool ws1 = nccl ? top >= 2 : gemm_rank(k1) == 2, ws2 = nccl ? top >= 2 : gemm_rank(k2) == 2;
     /* The wgmma kernel's K splits (NVFP4), planned like the mma.sync kernel's. */
     const int wy1 = 2 * sh.I / MM_WGMMA_ROWS, wy2 = sh.H / MM_WGMMA_ROWS;
     const int wsp1 = nccl ? wgmma_splits_wanted(slots, sh.E, wy1, sh.H / BK) : plan_wgmma_splits(slots, sh.E, wy1, sh.H / BK).splits;

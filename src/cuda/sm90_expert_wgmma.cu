@@ -65,8 +65,12 @@ __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t d
     }
 }
 
-/* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split. */
-template <int PHASE, bool NVFP4, bool SPLIT>
+/* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split.
+ * LOOP: the NCCL instantiation, whose blocks walk the tiles from blockIdx.x on, gridDim.x apart (the
+ * host caps the grid: its tile bound is sized for every rank at T_max); one process launches a block
+ * per tile of its exact bound and takes the one-tile form (the loop's state costs the split form
+ * spills at 128 registers). */
+template <int PHASE, bool NVFP4, bool SPLIT, bool LOOP>
 __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                           uint8_t *const *peers,
                                                                           const mm_dev_weights *weights,
@@ -77,9 +81,10 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     __shared__ float col_scale[MM_TILE_TOKENS];
     constexpr bool nvfp4 = NVFP4;
 
-    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits, tile = blockIdx.x;
+    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits;
     uint8_t *mine = peers[r];
-    if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
+    const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
+    if ((int)blockIdx.x >= num_tiles) return;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
@@ -91,11 +96,12 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     const int splits = SPLIT && nvfp4 ? wplan.splits : 1;
     if (split >= splits) return; /* NCCL: the host launched the most its own count may plan */
     const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
-
-    const tile_info ti = load_tile(L, mine, tile);
-    const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const mm_dev_weights W = weights[r - sh.first_rank];
+
+    auto one_tile = [&](int tile) {
+    const tile_info ti = load_tile(L, mine, tile);
+    const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
 
     uint8_t *bring = smem;
     uint8_t *aring = smem + WG_STAGES * B_SLOT + warp * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
@@ -189,19 +195,28 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
 
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,
                                 lane);
+    };
+    if constexpr (LOOP) {
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            if (tile != (int)blockIdx.x) __syncthreads(); /* the tile before is done with the rings and columns */
+            one_tile(tile);
+        }
+    } else {
+        one_tile(blockIdx.x);
+    }
 }
 
 /* One phase; sp > 1 (NVFP4 only): the split-K instantiation with sp splits per rank in the grid. */
-template <int PH>
+template <int PH, bool LOOP>
 static megamoe_status wgmma_launch_phase(dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                          uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
     const int smem = wgmma_smem_bytes(sh.nvfp4 != 0);
     if (!sh.nvfp4)
-        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, false, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
+        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, false, false, LOOP>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
     else if (sp > 1)
-        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, true>, grid, WG_THREADS, smem, s, sh, L, peers, weights, sp, force));
+        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, true, LOOP>, grid, WG_THREADS, smem, s, sh, L, peers, weights, sp, force));
     else
-        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, false>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
+        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, false, LOOP>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
     return MEGAMOE_OK;
 }
 
@@ -210,10 +225,27 @@ megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const
                                         int force, cudaStream_t s) {
     const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
     const int sp = sh.nvfp4 && splits > 1 ? splits : 1;
-    const dim3 grid(tiles, rows / WG_ROWS, sh.local_ranks * sp);
-    const megamoe_status st = phase == PHASE_GATE_UP
-                                  ? wgmma_launch_phase<PHASE_GATE_UP>(grid, sp, sh, L, peers, weights, force, s)
-                                  : wgmma_launch_phase<PHASE_DOWN>(grid, sp, sh, L, peers, weights, force, s);
+    /* A block per (tile of the bound, row block, split). With NCCL the bound is sized for every rank
+     * at T_max: the grid is then cut to about one wave of blocks, which walk the tiles the device
+     * counted, so a decode forward does not schedule tens of thousands of blocks that only leave. */
+    int bx = tiles;
+    if (sh.local_ranks < sh.R) {
+        int device = 0, sms = 0;
+        MM_CUDA_TRY(cudaGetDevice(&device));
+        MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        const int per_sm = sh.nvfp4 ? WG_NVFP4_BLOCKS : 1, yz = (rows / WG_ROWS) * sh.local_ranks * sp;
+        const int cap = sms * per_sm / yz > 1 ? sms * per_sm / yz : 1;
+        if (bx > cap) bx = cap;
+    }
+    const dim3 grid(bx, rows / WG_ROWS, sh.local_ranks * sp);
+    const bool loop = sh.local_ranks < sh.R;
+    megamoe_status st;
+    if (phase == PHASE_GATE_UP)
+        st = loop ? wgmma_launch_phase<PHASE_GATE_UP, true>(grid, sp, sh, L, peers, weights, force, s)
+                  : wgmma_launch_phase<PHASE_GATE_UP, false>(grid, sp, sh, L, peers, weights, force, s);
+    else
+        st = loop ? wgmma_launch_phase<PHASE_DOWN, true>(grid, sp, sh, L, peers, weights, force, s)
+                  : wgmma_launch_phase<PHASE_DOWN, false>(grid, sp, sh, L, peers, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
@@ -221,7 +253,9 @@ megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const
 
 template <int PHASE, bool NVFP4, bool SPLIT>
 static megamoe_status wgmma_prepare_one() {
-    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4, SPLIT>,
+    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4, SPLIT, false>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem_bytes(NVFP4)));
+    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4, SPLIT, true>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem_bytes(NVFP4)));
     return MEGAMOE_OK;
 }

@@ -27,31 +27,30 @@
 #include "sm90_gemm_common.cuh"
 
 #define WS_THREADS 384
-#define WS_TOKENS 128 /* tokens per block: the wgmma N */
+/* Tokens per block, the wgmma N (template NTOK): 128 (two 64-token tiles of the list: GEMM_WS) or
+ * 64 (one tile: GEMM_WS64, for 16-64 tokens per expert, where the weights' bandwidth bounds). */
 #ifndef WS_LAG
 #define WS_LAG 2      /* K steps of token copies a producer thread keeps in flight before signalling */
 #endif
-/* Experiment (default off): each producer thread's token copies complete on the stage's barrier by
- * themselves (cp.async.mbarrier.arrive.noinc), so no producer thread waits for its copies; the
- * consumers fence for the async proxy after their wait instead. Aimed at the producer's waits and
- * fences (ncu, sixth session: 0.53 eligible warps per scheduler, 46% SM throughput). */
-#ifndef WS_NOINC
-#define WS_NOINC 0
+/* Experiment and test knob (default off): the grid capped at one block per SM in one process too,
+ * as with NCCL, so every block walks several items (the loop NCCL takes, on one GPU). */
+#ifndef WS_CAP_ALWAYS
+#define WS_CAP_ALWAYS 0
 #endif
 /* Registers: 168 per thread at launch (384 x 168 = 63K of the SM's 64K), then 40 for the producer and
  * 232 for the consumers (128 x 40 + 256 x 232, the same 63K). At 216 for the consumers (a launch at
  * 160) ptxas serializes the wgmma (C7512). */
 #define WS_PRODUCER_REGS "40"
 #define WS_CONSUMER_REGS "232"
-static_assert(WS_TOKENS == 2 * MM_TILE_TOKENS, "a block takes two tiles of the tile list");
+static_assert(MM_TILE_TOKENS == 64, "a block takes one or two tiles of the tile list");
 static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
 
-template <bool NVFP4>
+template <bool NVFP4, int NTOK>
 struct ws_cfg {
-    static constexpr int tok_bytes = WS_TOKENS * BK * 2;                 /* 16 KB of 16-bit tokens per step */
+    static constexpr int tok_bytes = NTOK * BK * 2;                      /* 16 / 8 KB of 16-bit tokens per step */
     static constexpr int slab_bytes = NVFP4 ? 4096 + 512 : 16384;        /* a slab's step: codes + scales | bf16 */
     static constexpr int stage_bytes = tok_bytes + 2 * slab_bytes;
-    static constexpr int stages = NVFP4 ? 6 : 4;
+    static constexpr int stages = NVFP4 ? (NTOK == 128 ? 6 : 8) : (NTOK == 128 ? 4 : 5);
     static constexpr int smem = stages * stage_bytes + 1024;             /* + alignment to 1024 (swizzle) */
     static_assert(stage_bytes % 1024 == 0, "each stage's token tile 1024-byte aligned");
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
@@ -76,23 +75,47 @@ struct ws_cfg {
                  : WS_ACC64(d)                                                                                  \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
 
-/* d[64] (+)= A (64 x 16: this warp's 16 rows in a[4], mma.sync fragment order) . B (128 tokens x 16)^T */
-template <bool nvfp4>
+#define WS_ACC32(d)                                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WS_WGMMA_N64(TYPE)                                                                                      \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                   \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                               \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                     \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                          \
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                    \
+                 : WS_ACC32(d)                                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
+
+/* d[NTOK / 2] (+)= A (64 x 16: this warp's 16 rows in a[4], mma.sync fragment order) . B (NTOK tokens x 16)^T */
+template <bool nvfp4, int NTOK>
 __device__ __forceinline__ void ws_wgmma(float *d, const uint32_t *a, uint64_t db, int accumulate) {
-    if constexpr (nvfp4) WS_WGMMA_N128("f16");
-    else WS_WGMMA_N128("bf16");
+    if constexpr (NTOK == 128) {
+        if constexpr (nvfp4) WS_WGMMA_N128("f16");
+        else WS_WGMMA_N128("bf16");
+    } else {
+        if constexpr (nvfp4) WS_WGMMA_N64("f16");
+        else WS_WGMMA_N64("bf16");
+    }
 }
 
-/* BF16: d[64] (+)= A (64 x 16 from shared memory, descriptor da) . B (128 tokens x 16)^T */
+/* BF16: d[NTOK / 2] (+)= A (64 x 16 from shared memory, descriptor da) . B (NTOK tokens x 16)^T */
+#define WS_WGMMA_SS_BF16(N, OUTS, ACC, P)                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32.bf16.bf16 "                                    \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"     \
+                 "%24,%25,%26,%27,%28,%29,%30,%31" ACC                                                          \
+                 : OUTS                                                                                        \
+                 : "l"(da), "l"(db), "r"(accumulate))
+template <int NTOK>
 __device__ __forceinline__ void ws_wgmma_ss_bf16(float *d, uint64_t da, uint64_t db, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-                 "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
-                 "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : WS_ACC64(d)
-                 : "l"(da), "l"(db), "r"(accumulate));
+    if constexpr (NTOK == 128)
+        WS_WGMMA_SS_BF16("128", WS_ACC64(d), ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"
+                              "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n", "66");
+    else
+        WS_WGMMA_SS_BF16("64", WS_ACC32(d), "}, %32, %33, p, 1, 1, 0, 0;\n}\n", "34");
 }
 
 /* 16 bytes global -> shared; src_bytes 0 fills zeros. */
@@ -100,13 +123,14 @@ __device__ __forceinline__ void ws_cp_async16(uint32_t dst, const void *src, int
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-/* A work item: one row block of 256 x one 128-token block of an expert. */
+/* A work item: one row block of 256 x one NTOK-token block of an expert. */
 struct ws_item {
     int rb, e, first, ncols; /* ncols 0: nothing to do (an odd tile, or past the rank's tiles) */
 };
 
-/* Item `item` of a rank (ws_item_place's order, gemm_plan.h). The block of an expert's even tile
- * takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
+/* Item `item` of a rank (ws_item_place's order, gemm_plan.h). NTOK 128: the block of an expert's
+ * even tile takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
+template <int NTOK>
 __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const uint8_t *mine, int item, int nrb,
                                              int tiles, int num_tiles) {
     int tile, rb;
@@ -114,52 +138,49 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
     ws_item it = {rb, 0, 0, 0};
     if (tile >= num_tiles) return it;
     const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    if (start % WS_TOKENS != 0) return it;
+    if (start % NTOK != 0) return it;
     it.e = ((const int32_t *)(mine + L.tile_expert))[tile];
     it.first = ((const int32_t *)(mine + L.expert_offset))[it.e] + start;
-    it.ncols = min(WS_TOKENS, ((const int32_t *)(mine + L.expert_count))[it.e] - start);
+    it.ncols = min(NTOK, ((const int32_t *)(mine + L.expert_count))[it.e] - start);
     return it;
 }
 
-/* One block per item (blockIdx.x), in ws_decode's order. Blocks never wait for each other. */
-template <int PHASE, bool NVFP4>
+/* The rank's items (ws_decode's order over its tiles) from blockIdx.x on, gridDim.x apart: one per
+ * block where the host launched a block per item (one process: it knows the count), several where it
+ * capped the grid (NCCL: it knows only a bound sized for T_max). Blocks never wait for each other.
+ * Over a block's items the ring's stages run on (step g of the block, not of the item, picks the
+ * stage and the phase); the column codes and scales are double-buffered, the producer writing an
+ * item's buffer once the consumers' epilogue of the item two before has let it go (colfree). */
+template <int PHASE, bool NVFP4, int NTOK>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
                                                                        int force) {
-    using C = ws_cfg<NVFP4>;
+    using C = ws_cfg<NVFP4, NTOK>;
     mm_wait_previous();
     extern __shared__ uint8_t ws_smem_raw[];
-    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages];
-    __shared__ int col_code[WS_TOKENS];
-    __shared__ float col_scale[WS_TOKENS];
+    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages], colfree[2];
+    __shared__ int col_code[2][NTOK];
+    __shared__ float col_scale[2][NTOK];
 
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
     uint8_t *mine = peers[sh.first_rank + (int)blockIdx.z];
-    const ws_item it = ws_decode(L, mine, (int)blockIdx.x, nrb, tiles, *(const int32_t *)(mine + L.num_tiles));
-    if (it.ncols == 0) return;
+    const int ntiles = min(tiles, *(const int32_t *)(mine + L.num_tiles)), nitems = nrb * ntiles;
+    if ((int)blockIdx.x >= nitems) return;
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != GEMM_WS) return; /* another kernel has it */
+    if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
+        return; /* another kernel has it */
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-    if (tid < WS_TOKENS) {
-        const int code = tid < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + tid] : -1;
-        col_code[tid] = code;
-        float s = 1.0f;
-        if (code >= 0 && NVFP4 && PHASE == PHASE_GATE_UP) {
-            const slot_info si = decode_slot(sh, code);
-            s = ((const float *)(peers[si.src] + L.x_scale))[si.token];
-        }
-        col_scale[tid] = s;
-    }
     if (tid == 0) {
         for (int s = 0; s < C::stages; s++) {
             mm_mbar_init(&full[s], 128 + 1); /* every producer thread, and thread 0's expect_tx */
             mm_mbar_init(&empty[s], 8);      /* one arrival per consumer warp */
         }
+        for (int b = 0; b < 2; b++) mm_mbar_init(&colfree[b], 8);
         mm_mbar_init_fence();
     }
     __syncthreads();
@@ -167,76 +188,85 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_PRODUCER_REGS ";\n");
-        /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
-         * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
-        const int code = col_code[t];
-        const uint16_t *row = NULL;
-        if (code >= 0) {
-            if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
-            else {
-                const slot_info si = decode_slot(sh, code);
-                row = (const uint16_t *)(peers[si.src] + (NVFP4 ? L.x_f16 : L.x)) + (size_t)si.token * sh.H;
-            }
-        }
-        const int src_bytes = row ? 16 : 0;
-        if (!row) row = (const uint16_t *)(mine + L.slots);
         const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
         const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
         const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
-        /* The item's two slabs, as slab indices of the whole weight matrix (all experts). */
-        const long slab0 = (long)it.e * (rows_total / 128) + 2 * it.rb;
-        for (int kc = 0; kc < nkc; kc++) {
-            const int s = kc % C::stages;
-            if (kc >= C::stages) mm_mbar_wait_parity(&empty[s], ((kc / C::stages) - 1) & 1);
-            uint8_t *st = smem + s * C::stage_bytes;
-            if (t == 0) {
-                mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes);
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
-                    uint8_t *dst = st + C::tok_bytes + j * C::slab_bytes;
-                    if (NVFP4) {
-                        mm_bulk_copy(dst, wsrc0 + unit * 512, 4096, &full[s]);
-                        mm_bulk_copy(dst + 4096, wsf0 + unit * 64, 512, &full[s]);
-                    } else {
-                        mm_bulk_copy(dst, wbf0 + unit * 2048, 16384, &full[s]);
-                    }
+        int g = 0, n = 0; /* K steps and items of this block so far */
+        for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
+            const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
+            if (it.ncols == 0) continue;
+            const int buf = n & 1;
+            if (n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
+            /* The item's columns; the consumers read them after their wait on the stages' `full`,
+             * on which every producer thread arrives after these stores. */
+            const int code = t < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + t] : -1;
+            const uint16_t *row = NULL;
+            float scale = 1.0f;
+            if (code >= 0) {
+                if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
+                else {
+                    const slot_info si = decode_slot(sh, code);
+                    row = (const uint16_t *)(peers[si.src] + (NVFP4 ? L.x_f16 : L.x)) + (size_t)si.token * sh.H;
+                    if (NVFP4) scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
                 }
             }
-            const uint32_t dst = mm_smem_u32(st) + t * 128;
-            const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
+            if (t < NTOK) {
+                col_code[buf][t] = code;
+                col_scale[buf][t] = scale;
+            }
+            /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
+             * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
+            const int src_bytes = row ? 16 : 0;
+            if (!row) row = (const uint16_t *)(mine + L.slots);
+            /* The item's two slabs, as slab indices of the whole weight matrix (all experts). */
+            const long slab0 = (long)it.e * (rows_total / 128) + 2 * it.rb;
+            for (int kc = 0; kc < nkc; kc++) {
+                const int G = g + kc, s = G % C::stages;
+                if (G >= C::stages) mm_mbar_wait_parity(&empty[s], ((G / C::stages) - 1) & 1);
+                uint8_t *st = smem + s * C::stage_bytes;
+                if (t == 0) {
+                    mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes);
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                ws_cp_async16(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
-            if (WS_NOINC) {
-                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(mm_smem_u32(&full[s]))
-                             : "memory");
-                continue;
+                    for (int j = 0; j < 2; j++) {
+                        const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
+                        uint8_t *dst = st + C::tok_bytes + j * C::slab_bytes;
+                        if (NVFP4) {
+                            mm_bulk_copy(dst, wsrc0 + unit * 512, 4096, &full[s]);
+                            mm_bulk_copy(dst + 4096, wsf0 + unit * 64, 512, &full[s]);
+                        } else {
+                            mm_bulk_copy(dst, wbf0 + unit * 2048, 16384, &full[s]);
+                        }
+                    }
+                }
+                const uint32_t dst = mm_smem_u32(st) + t * 128;
+                const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
+                if (t < NTOK) /* NTOK 64: threads 64..127 copy nothing but signal like the others */
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        ws_cp_async16(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
+                cp_async_commit();
+                if (kc >= WS_LAG) {
+                    cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    mm_mbar_arrive(&full[(G - WS_LAG) % C::stages]);
+                }
             }
-            cp_async_commit();
-            if (kc >= WS_LAG) {
-                cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                mm_mbar_arrive(&full[(kc - WS_LAG) % C::stages]);
-            }
+            cp_async_wait<0>();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            for (int kc = max(0, nkc - WS_LAG); kc < nkc; kc++) mm_mbar_arrive(&full[(g + kc) % C::stages]);
+            g += nkc;
+            n++;
         }
-        if (WS_NOINC) { /* every arrival is on its way with the copies; stay until they have landed */
-            asm volatile("cp.async.wait_all;\n" ::: "memory");
-            return;
-        }
-        cp_async_wait<0>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        for (int kc = max(0, nkc - WS_LAG); kc < nkc; kc++) mm_mbar_arrive(&full[kc % C::stages]);
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     const int c = wg - 1, w = t >> 5, lane = t & 31;
-    float acc[GROUPS_PER_WARP][64]; /* the first k16 step writes them (accumulate = 0) */
+    float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
+    int g = 0, n = 0;
     auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
-        const int s = kc % C::stages;
-        mm_mbar_wait_parity(&full[s], (kc / C::stages) & 1);
-        if (WS_NOINC) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the tokens' cp.async */
+        const int G = g + kc, s = G % C::stages;
+        mm_mbar_wait_parity(&full[s], (G / C::stages) & 1);
         const uint8_t *st = smem + s * C::stage_bytes, *slab = st + C::tok_bytes + c * C::slab_bytes;
         const uint64_t db = desc_sw128(st);
         if constexpr (NVFP4) {
@@ -255,7 +285,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 #pragma unroll
             for (int k = 0; k < 4; k++)
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+                for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4, NTOK>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
         } else {
             /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
              * at 8-row block 8 q of piece row (k, h = 0); LBO 2 KB (k half), SBO 128 B (8 rows). */
@@ -264,68 +294,104 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             for (int k = 0; k < 4; k++)
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
-                    ws_wgmma_ss_bf16(acc[q], smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128), db + 2 * k,
-                                     kc > 0 || k > 0);
+                    ws_wgmma_ss_bf16<NTOK>(acc[q], smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128), db + 2 * k,
+                                           kc > 0 || k > 0);
         }
         wgmma_commit();
         wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
         if constexpr (NVFP4) keep_alive(prev);
-        if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(kc - 1) % C::stages]);
+        if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(G - 1) % C::stages]);
     };
-    /* nkc is even (H and I are multiples of 256; the launcher checks). */
-    a_regs a0, a1;
-    for (int kc = 0; kc < nkc; kc += 2) {
-        kstep(kc, a0, a1);
-        kstep(kc + 1, a1, a0);
+    for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
+        const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
+        if (it.ncols == 0) continue;
+        /* nkc is even (H and I are multiples of 256; the launcher checks). */
+        a_regs a0, a1;
+        for (int kc = 0; kc < nkc; kc += 2) {
+            kstep(kc, a0, a1);
+            kstep(kc + 1, a1, a0);
+        }
+        wgmma_wait<0>();
+        if constexpr (NVFP4) {
+            keep_alive(a0);
+            keep_alive(a1);
+        }
+        if (lane == 0) mm_mbar_arrive(&empty[(g + nkc - 1) % C::stages]); /* the last step's stage */
+        const int buf = n & 1, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
+        gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
+                                              wgroup, col_code[buf], col_scale[buf], lane);
+        __syncwarp();
+        if (lane == 0) mm_mbar_arrive(&colfree[buf]);
+        g += nkc;
+        n++;
     }
-    wgmma_wait<0>();
-    if constexpr (NVFP4) {
-        keep_alive(a0);
-        keep_alive(a1);
-    }
-    const int wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
-    gemm_epilogue<PHASE, NVFP4, 16>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8, wgroup,
-                                    col_code, col_scale, lane);
 }
 
-template <int PH, bool NV>
+template <int PH, bool NV, int NTOK>
 static megamoe_status ws_launch_one(dim3 grid, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                     uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV>, grid, WS_THREADS, ws_cfg<NV>::smem, s, sh, L, peers, weights,
-                          tiles, force));
+    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s, sh, L,
+                          peers, weights, tiles, force));
     return MEGAMOE_OK;
 }
 
+template <int NTOK>
+static megamoe_status ws_launch_ntok(int phase, dim3 grid, int tiles, const mm_dev_shape &sh,
+                                     const mm_buffer_layout &L, uint8_t *const *peers, const mm_dev_weights *weights,
+                                     int force, cudaStream_t s) {
+    if (phase == PHASE_GATE_UP)
+        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, tiles, sh, L, peers, weights, force, s)
+                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, tiles, sh, L, peers, weights, force, s);
+    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, tiles, sh, L, peers, weights, force, s)
+                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, tiles, sh, L, peers, weights, force, s);
+}
+
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int force,
-                                     cudaStream_t s) {
+                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int ntok,
+                                     int force, cudaStream_t s) {
     const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
     if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
-    const dim3 grid((rows / MM_WS_ROWS) * tiles, 1, sh.local_ranks); /* one block per (tile, row block) */
-    megamoe_status st;
-    if (phase == PHASE_GATE_UP)
-        st = sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true>(grid, tiles, sh, L, peers, weights, force, s)
-                      : ws_launch_one<PHASE_GATE_UP, false>(grid, tiles, sh, L, peers, weights, force, s);
-    else
-        st = sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true>(grid, tiles, sh, L, peers, weights, force, s)
-                      : ws_launch_one<PHASE_DOWN, false>(grid, tiles, sh, L, peers, weights, force, s);
+    /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
+     * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
+     * of thousands of blocks of 155 KB at decode that only read the count and leave (measured 0.5 ms
+     * per forward, EP2 DSv3 T_max 8192, session 7); the grid is then one block per SM, each walking
+     * the items the device counted. An odd stride, so a block does not see only one parity of
+     * tiles (the odd tiles are empty items). */
+    int blocks = (rows / MM_WS_ROWS) * tiles;
+    if (sh.local_ranks < sh.R || WS_CAP_ALWAYS) {
+        int device = 0, sms = 0;
+        MM_CUDA_TRY(cudaGetDevice(&device));
+        MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        const int cap = sms > 1 ? (sms - 1) | 1 : 1;
+        if (blocks > cap) blocks = cap;
+    }
+    const dim3 grid(blocks, 1, sh.local_ranks);
+    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, tiles, sh, L, peers, weights, force, s)
+                                          : ws_launch_ntok<64>(phase, grid, tiles, sh, L, peers, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV>
+template <int PH, bool NV, int NTOK>
 static megamoe_status ws_prepare_one() {
-    const void *f = (const void *)sm90_expert_ws_kernel<PH, NV>;
-    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV>::smem));
+    const void *f = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK>;
+    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV, NTOK>::smem));
     MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     return MEGAMOE_OK;
 }
 
+template <int NTOK>
+static megamoe_status ws_prepare_ntok() {
+    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true, NTOK>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false, NTOK>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false, NTOK>();
+    return st;
+}
+
 megamoe_status sm90_expert_ws_prepare() {
-    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false>();
+    megamoe_status st = ws_prepare_ntok<128>();
+    if (st == MEGAMOE_OK) st = ws_prepare_ntok<64>();
     return st;
 }
