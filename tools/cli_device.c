@@ -48,7 +48,10 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
     megamoe_status st = cli_forward_split(c, T, K, H, d.x, d.ids, d.w, d.pad, d.y); /* warm-up, checked */
     if (st == MEGAMOE_OK) st = megamoe_layer_check(c->layer);
     if (st == MEGAMOE_OK && iters > 0) {
-        /* Graph-replayed, the L2 flushed before each replay by writing a buffer larger than it. */
+        /* Graph-replayed, the L2 flushed before each replay by writing a buffer larger than it.
+         * Thread-local capture: with --gpus each rank is a thread, and another rank's cudaMalloc or
+         * cudaMemcpy during this capture would otherwise fail it ("operation not permitted when
+         * stream is capturing", seen with EP2 T_max 8192 in session 7). */
         cudaStream_t s = NULL;
         cudaGraph_t graph = NULL;
         cudaGraphExec_t exec = NULL;
@@ -58,7 +61,7 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
         double *times = calloc((size_t)iters, sizeof *times);
         int ok = times && cudaStreamCreate(&s) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
                  cudaEventCreate(&e1) == cudaSuccess && cudaMalloc(&flush, flush_bytes) == cudaSuccess &&
-                 cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess;
+                 cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
         if (ok) {
             st = cli_forward_split_on(c, T, K, H, d.x, d.ids, d.w, d.pad, d.y, s);
             ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && st == MEGAMOE_OK &&

@@ -145,29 +145,39 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
     return it;
 }
 
-/* The rank's items (ws_decode's order over its tiles) from blockIdx.x on, gridDim.x apart: one per
- * block where the host launched a block per item (one process: it knows the count), several where it
- * capped the grid (NCCL: it knows only a bound sized for T_max). Blocks never wait for each other.
- * Over a block's items the ring's stages run on (step g of the block, not of the item, picks the
- * stage and the phase); the column codes and scales are double-buffered, the producer writing an
- * item's buffer once the consumers' epilogue of the item two before has let it go (colfree). */
-template <int PHASE, bool NVFP4, int NTOK>
+/* One process (LOOP false): one block per item of the launch's tile bound (blockIdx.x, in ws_decode's
+ * order); the host knows the count, so the bound is tight. NCCL (LOOP true): the host knows only a
+ * bound sized for every rank at T_max and caps the grid at one block per SM; each block walks the
+ * items of the tiles the device counted from blockIdx.x on, gridDim.x apart. Over a block's items
+ * the ring's stages run on (step g of the block, not of the item, picks the stage and the phase);
+ * the column codes and scales are double-buffered, the producer writing an item's buffer once the
+ * consumers' epilogue of the item two before has let it go (colfree). Blocks never wait for each
+ * other. (A walking grid on one GPU was measured slower: session 7, `WS_CAP_ALWAYS`.) */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
                                                                        int force) {
     using C = ws_cfg<NVFP4, NTOK>;
+    constexpr int NBUF = LOOP ? 2 : 1;
     mm_wait_previous();
     extern __shared__ uint8_t ws_smem_raw[];
-    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages], colfree[2];
-    __shared__ int col_code[2][NTOK];
-    __shared__ float col_scale[2][NTOK];
+    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages], colfree[NBUF];
+    __shared__ int col_code[NBUF][NTOK];
+    __shared__ float col_scale[NBUF][NTOK];
 
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
     uint8_t *mine = peers[sh.first_rank + (int)blockIdx.z];
-    const int ntiles = min(tiles, *(const int32_t *)(mine + L.num_tiles)), nitems = nrb * ntiles;
-    if ((int)blockIdx.x >= nitems) return;
+    const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
+    const int ntiles = min(tiles, num_tiles), nitems = nrb * ntiles;
+    ws_item only = {0, 0, 0, 0}; /* LOOP false: the block's item */
+    if constexpr (LOOP) {
+        if ((int)blockIdx.x >= nitems) return;
+    } else {
+        only = ws_decode<NTOK>(L, mine, (int)blockIdx.x, nrb, tiles, num_tiles);
+        if (only.ncols == 0) return;
+    }
     const long slots = global_slots(sh, L, peers);
     const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
     if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
@@ -175,44 +185,64 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+    /* Column i of item it (i < NTOK) into buffer buf: its slot code and, NVFP4 gate/up, its token's
+     * activation scale. LOOP: the producer writes each item's; else the block's only item, here. */
+    auto fill_column = [&](const ws_item &it, int i, int buf) {
+        const int code = i < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + i] : -1;
+        col_code[buf][i] = code;
+        float scale = 1.0f;
+        if (code >= 0 && NVFP4 && PHASE == PHASE_GATE_UP) {
+            const slot_info si = decode_slot(sh, code);
+            scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
+        }
+        col_scale[buf][i] = scale;
+    };
+    if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
     if (tid == 0) {
         for (int s = 0; s < C::stages; s++) {
             mm_mbar_init(&full[s], 128 + 1); /* every producer thread, and thread 0's expect_tx */
             mm_mbar_init(&empty[s], 8);      /* one arrival per consumer warp */
         }
-        for (int b = 0; b < 2; b++) mm_mbar_init(&colfree[b], 8);
+        for (int b = 0; b < NBUF; b++) mm_mbar_init(&colfree[b], 8);
         mm_mbar_init_fence();
     }
     __syncthreads();
     const mm_dev_weights W = weights[blockIdx.z];
+    int g = 0, n = 0; /* K steps and items of this block so far (LOOP) */
+    /* Runs role(item) over the block's non-empty items, counting g and n after each. */
+    auto walk = [&](auto &&role) {
+        if constexpr (LOOP) {
+            for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
+                const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
+                if (it.ncols == 0) continue;
+                role(it);
+                g += nkc;
+                n++;
+            }
+        } else {
+            role(only);
+        }
+    };
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_PRODUCER_REGS ";\n");
         const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
         const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
         const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
-        int g = 0, n = 0; /* K steps and items of this block so far */
-        for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
-            const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
-            if (it.ncols == 0) continue;
-            const int buf = n & 1;
-            if (n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
-            /* The item's columns; the consumers read them after their wait on the stages' `full`,
-             * on which every producer thread arrives after these stores. */
-            const int code = t < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + t] : -1;
+        walk([&](const ws_item &it) {
+            const int buf = LOOP ? n & 1 : 0;
+            if (LOOP && n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
+            /* LOOP: the item's columns; the consumers read them after their wait on the stages'
+             * `full`, on which every producer thread arrives after these stores. */
+            if (LOOP && t < NTOK) fill_column(it, t, buf);
+            const int code = t < NTOK ? col_code[buf][t] : -1;
             const uint16_t *row = NULL;
-            float scale = 1.0f;
             if (code >= 0) {
                 if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
                 else {
                     const slot_info si = decode_slot(sh, code);
                     row = (const uint16_t *)(peers[si.src] + (NVFP4 ? L.x_f16 : L.x)) + (size_t)si.token * sh.H;
-                    if (NVFP4) scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
                 }
-            }
-            if (t < NTOK) {
-                col_code[buf][t] = code;
-                col_scale[buf][t] = scale;
             }
             /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
              * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
@@ -254,16 +284,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             cp_async_wait<0>();
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             for (int kc = max(0, nkc - WS_LAG); kc < nkc; kc++) mm_mbar_arrive(&full[(g + kc) % C::stages]);
-            g += nkc;
-            n++;
-        }
+        });
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
-    int g = 0, n = 0;
     auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
         const int G = g + kc, s = G % C::stages;
         mm_mbar_wait_parity(&full[s], (G / C::stages) & 1);
@@ -302,9 +329,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         if constexpr (NVFP4) keep_alive(prev);
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(G - 1) % C::stages]);
     };
-    for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
-        const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
-        if (it.ncols == 0) continue;
+    walk([&](const ws_item &it) {
         /* nkc is even (H and I are multiples of 256; the launcher checks). */
         a_regs a0, a1;
         for (int kc = 0; kc < nkc; kc += 2) {
@@ -316,34 +341,38 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             keep_alive(a0);
             keep_alive(a1);
         }
-        if (lane == 0) mm_mbar_arrive(&empty[(g + nkc - 1) % C::stages]); /* the last step's stage */
-        const int buf = n & 1, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
+        if (LOOP && lane == 0) mm_mbar_arrive(&empty[(g + nkc - 1) % C::stages]); /* the last step's stage */
+        const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
         gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
                                               wgroup, col_code[buf], col_scale[buf], lane);
-        __syncwarp();
-        if (lane == 0) mm_mbar_arrive(&colfree[buf]);
-        g += nkc;
-        n++;
-    }
+        if (LOOP) {
+            __syncwarp();
+            if (lane == 0) mm_mbar_arrive(&colfree[buf]);
+        }
+    });
 }
 
 template <int PH, bool NV, int NTOK>
-static megamoe_status ws_launch_one(dim3 grid, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
+static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                     uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s, sh, L,
-                          peers, weights, tiles, force));
+    if (loop)
+        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s, sh,
+                              L, peers, weights, tiles, force));
+    else
+        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s,
+                              sh, L, peers, weights, tiles, force));
     return MEGAMOE_OK;
 }
 
 template <int NTOK>
-static megamoe_status ws_launch_ntok(int phase, dim3 grid, int tiles, const mm_dev_shape &sh,
+static megamoe_status ws_launch_ntok(int phase, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
                                      const mm_buffer_layout &L, uint8_t *const *peers, const mm_dev_weights *weights,
                                      int force, cudaStream_t s) {
     if (phase == PHASE_GATE_UP)
-        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, tiles, sh, L, peers, weights, force, s)
-                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, tiles, sh, L, peers, weights, force, s);
-    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, tiles, sh, L, peers, weights, force, s)
-                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, tiles, sh, L, peers, weights, force, s);
+        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s)
+                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s);
+    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s)
+                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s);
 }
 
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
@@ -358,7 +387,8 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
      * the items the device counted. An odd stride, so a block does not see only one parity of
      * tiles (the odd tiles are empty items). */
     int blocks = (rows / MM_WS_ROWS) * tiles;
-    if (sh.local_ranks < sh.R || WS_CAP_ALWAYS) {
+    const bool loop = sh.local_ranks < sh.R || WS_CAP_ALWAYS;
+    if (loop) {
         int device = 0, sms = 0;
         MM_CUDA_TRY(cudaGetDevice(&device));
         MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -366,8 +396,8 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
         if (blocks > cap) blocks = cap;
     }
     const dim3 grid(blocks, 1, sh.local_ranks);
-    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, tiles, sh, L, peers, weights, force, s)
-                                          : ws_launch_ntok<64>(phase, grid, tiles, sh, L, peers, weights, force, s);
+    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, loop, tiles, sh, L, peers, weights, force, s)
+                                          : ws_launch_ntok<64>(phase, grid, loop, tiles, sh, L, peers, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
@@ -375,9 +405,12 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
 
 template <int PH, bool NV, int NTOK>
 static megamoe_status ws_prepare_one() {
-    const void *f = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK>;
-    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV, NTOK>::smem));
-    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>,
+                         (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true>};
+    for (const void *f : fs) {
+        MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV, NTOK>::smem));
+        MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    }
     return MEGAMOE_OK;
 }
 
