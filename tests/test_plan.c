@@ -164,8 +164,14 @@ static void test_gemm_choice_rules(void **state) {
     for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1, 2048), force);
     assert_int_equal(gemm_choice(GEMM_WS, 5, 256, 4, 0, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(GEMM_WS64, 5, 256, 4, 1, 2048), GEMM_WS64);
-    for (long slots = 1; slots <= 1L << 20; slots *= 4) /* never chosen by itself */
-        for (int nvfp4 = 0; nvfp4 <= 1; nvfp4++) assert_true(gemm_choice(0, slots, 256, 1, nvfp4, 2048) != GEMM_WS64);
+    for (long slots = 1; slots <= 1L << 20; slots *= 4) /* NVFP4 with K of 2048: never on 64-token blocks */
+        assert_true(gemm_choice(0, slots, 256, 1, 1, 2048) != GEMM_WS64);
+    /* NVFP4 with both K >= 4096: on 64-token blocks above 16 per expert, up to MM_WS_MIN_TOKENS. */
+    assert_int_equal(gemm_choice(0, 16L * 8, 8, 1, 1, 4096), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 16L * 8 + 1, 8, 1, 1, 4096), GEMM_WS64);
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 8 - 1, 8, 1, 1, 4096), GEMM_WS64);
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 8, 8, 1, 1, 4096), GEMM_WS);
+    assert_int_equal(gemm_choice(0, 8L * 8, 8, 1, 1, 4096), GEMM_STREAM);
     /* The warp-specialized kernel from MM_WS_MIN_TOKENS per expert (NVFP4: min(H, I) >= 2048; BF16: unsplit only). */
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);
@@ -177,8 +183,9 @@ static void test_gemm_choice_rules(void **state) {
     /* NVFP4 (chosen): streaming up to 8 slots per expert on average, wgmma above. */
     assert_int_equal(gemm_choice(0, 8L * 256, 256, 1, 1, 2048), GEMM_STREAM);
     assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1, 2048), GEMM_WGMMA);
-    /* BF16: wgmma from 4 per expert without a split, mma.sync otherwise. */
-    assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 2048), GEMM_WGMMA);
+    /* BF16: the 64-token warp-specialized kernel from 4 per expert without a split, mma.sync otherwise. */
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 2048), GEMM_WS64);
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 768), GEMM_WS64);
     assert_int_equal(gemm_choice(0, 4L * 256, 256, 2, 0, 2048), GEMM_MMA);
     assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 1, 0, 2048), GEMM_MMA);
 }

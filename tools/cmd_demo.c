@@ -255,7 +255,8 @@ static const char k_bench_help[] =
     "             count), mma (mma.sync, split-K), wgmma (warpgroup MMA), stream (the NVFP4\n"
     "             streaming kernel for few tokens per expert; BF16 layers take mma), ws (the\n"
     "             warp-specialized warpgroup-MMA kernel for many tokens per expert) or ws64 (the same\n"
-    "             on 64-token blocks; never chosen by auto).\n"
+    "             on 64-token blocks; auto takes it for BF16 from 4 tokens per expert, and for NVFP4\n"
+    "             above 16 per expert when H and I are both 4096 or more).\n"
     "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
     "             8192^3 bf16 product with cuBLAS on an H200, measured).\n";
 

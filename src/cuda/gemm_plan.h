@@ -81,20 +81,31 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
     *tile = group * MM_WS_GROUP + in_group % group_tiles;
     *rb = in_group / group_tiles;
 }
+/* The warp-specialized kernel on 64-token blocks (GEMM_WS64) below MM_WS_MIN_TOKENS per expert:
+ * NVFP4 above 16 per expert when both K are 4096 or more; BF16 from 4 per expert without a split (in
+ * place of the wgmma kernel). Measured (H200, session 7 call 3, ms ws64 / the choice before): NVFP4
+ * Mixtral T = 96 (24 per expert) 0.487 / 0.518, T = 128 0.508 / 0.557, T = 160 0.525 / 0.576,
+ * T = 192 (48) 0.548 / 0.621, but T = 256 (64, ws) 0.830 / 0.688, T = 64 (16) 0.587 / 0.495 (call 2);
+ * DSv3 (min(H, I) = 2048) T = 1024 (32) 5.09 / 3.81 (call 2). BF16: DSv3 T = 128 / 512 / 1024 4.88 /
+ * 5.19 / 5.50 against 4.95 / 5.36 / 5.89; Qwen3 0.333 / 0.406 / 0.577 against 0.351 / 0.436 / 0.579;
+ * Mixtral 0.688 / 1.369 against 1.121 / 1.504 at T = 128 / 512. */
 MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
-    /* GEMM_WS64 (the warp-specialized kernel on 64-token blocks) is forced only, for measuring. */
     if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS || force == GEMM_WS64) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
     if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 ? min_k >= 2048 : splits == 1)) return GEMM_WS;
     /* NVFP4: streaming up to 8 tokens per expert on average (measured 2026-11-29, H200: at 4-8 it
      * beats wgmma by 8-27%, at 16 and 32 it loses by 30-55%). */
-    if (nvfp4) return slots <= 8L * E ? GEMM_STREAM : GEMM_WGMMA;
-    return splits == 1 && slots >= 4L * E ? GEMM_WGMMA : GEMM_MMA;
+    if (nvfp4) {
+        if (slots <= 8L * E) return GEMM_STREAM;
+        return min_k >= 4096 && slots > 16L * E ? GEMM_WS64 : GEMM_WGMMA;
+    }
+    return splits == 1 && slots >= 4L * E ? GEMM_WS64 : GEMM_MMA;
 }
 /* The order of the kernels along the token count (the choice never goes down as it grows): the
- * few-token kernels (mma.sync, streaming), wgmma, warp-specialized. */
+ * few-token kernels (mma.sync, streaming), wgmma, the warp-specialized kernel on 64-token blocks,
+ * on 128-token blocks. */
 MM_PLAN_FN int gemm_rank(int kernel) {
-    return kernel == GEMM_WS || kernel == GEMM_WS64 ? 2 : kernel == GEMM_WGMMA ? 1 : 0;
+    return kernel == GEMM_WS ? 3 : kernel == GEMM_WS64 ? 2 : kernel == GEMM_WGMMA ? 1 : 0;
 }
 
 /* The streaming kernel's split-K (sm90_expert_stream.cu): its persistent blocks walk work items of

@@ -227,9 +227,9 @@ static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, cons
 }
 
 /* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`
- * (with wsp K splits per rank in its grid, NVFP4), then the warp-specialized kernel when `ws`. */
+ * (with wsp K splits per rank in its grid, NVFP4), then the warp-specialized kernels when `ws64` (64-token blocks) and `ws`. */
 template <int PH>
-static megamoe_status launch_phase(int kernel, bool wgmma, bool ws, int wsp, dim3 grid, int sp, int tiles,
+static megamoe_status launch_phase(int kernel, bool wgmma, bool ws64, bool ws, int wsp, dim3 grid, int sp, int tiles,
                                    long slots, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                    uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
     megamoe_status st = MEGAMOE_OK;
@@ -238,8 +238,8 @@ static megamoe_status launch_phase(int kernel, bool wgmma, bool ws, int wsp, dim
                       : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
     if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
     if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
-    if (st == MEGAMOE_OK && ws)
-        st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, kernel == GEMM_WS64 ? 64 : 128, force, s);
+    if (st == MEGAMOE_OK && ws64) st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, 64, force, s);
+    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, 128, force, s);
     return st;
 }
 
@@ -272,15 +272,17 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int top = gemm_rank(gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv, mk));
     const bool wg1 = nccl ? gemm_rank(k1) <= 1 && top >= 1 : k1 == GEMM_WGMMA;
     const bool wg2 = nccl ? gemm_rank(k2) <= 1 && top >= 1 : k2 == GEMM_WGMMA;
-    const bool ws1 = nccl ? top >= 2 : gemm_rank(k1) == 2, ws2 = nccl ? top >= 2 : gemm_rank(k2) == 2;
+    const bool w64_1 = nccl ? gemm_rank(k1) <= 2 && top >= 2 : k1 == GEMM_WS64;
+    const bool w64_2 = nccl ? gemm_rank(k2) <= 2 && top >= 2 : k2 == GEMM_WS64;
+    const bool ws1 = nccl ? top >= 3 : k1 == GEMM_WS, ws2 = nccl ? top >= 3 : k2 == GEMM_WS;
     /* The wgmma kernel's K splits (NVFP4), planned like the mma.sync kernel's. */
     const int wy1 = 2 * sh.I / MM_WGMMA_ROWS, wy2 = sh.H / MM_WGMMA_ROWS;
     const int wsp1 = nccl ? wgmma_splits_wanted(slots, sh.E, wy1, sh.H / BK) : plan_wgmma_splits(slots, sh.E, wy1, sh.H / BK).splits;
     const int wsp2 = nccl ? wgmma_splits_wanted(slots, sh.E, wy2, sh.I / BK) : plan_wgmma_splits(slots, sh.E, wy2, sh.I / BK).splits;
-    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, ws1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L,
+    megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, w64_1, ws1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L,
                                                      peers, weights, force, s);
     if (st == MEGAMOE_OK)
-        st = launch_phase<PHASE_DOWN>(k2, wg2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force,
+        st = launch_phase<PHASE_DOWN>(k2, wg2, w64_2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force,
                                       s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
