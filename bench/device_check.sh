@@ -15,7 +15,7 @@ if has tests; then
   n=$(cuobjdump --dump-sass $B/megamoe 2>/dev/null | grep -c "HGMMA")
   echo "== HGMMA instructions in the wgmma kernels' SASS: $n"; [ "$n" -gt 0 ] || echo "FAILED: no HGMMA"
   # Once with the kernels chosen per forward, then with each GEMM kernel forced on every case.
-  for gemm in auto mma wgmma stream ws; do
+  for gemm in auto mma wgmma stream ws ws64; do
     echo "== GPU tests (MEGAMOE_GEMM=$gemm)"
     MEGAMOE_GEMM=$gemm $B/test_gpu 2>&1 | tee "$OUT/test_gpu_$gemm.log" | grep -E "PASSED|FAILED|ERROR|rror"
   done

@@ -7,7 +7,7 @@
 #   usage (device tool, carry .devpack):
 #     TESTS="c" KERNELS="auto wgmma stream" BENCH="main c" TOKENS=1,8,32,128 bash bench/session_call.sh
 #   env: TESTS (build names, each optionally NAME:kernel,kernel), BENCH (build names; "main" =
-#        .devbin/megamoe), KERNELS (test_gpu's forced kernels, default all four), TOKENS, SHAPES, FORMATS,
+#        .devbin/megamoe), KERNELS (test_gpu's kernel modes, default auto and all five forced), TOKENS, SHAPES, FORMATS,
 #        SANITIZE (1: memcheck + racecheck of the first TESTS build, default 1), LIMIT (default 540),
 #        PROBES (dev probes of .devbin run first on GPU 0, 90 s each at most, e.g. "sm90_bf16_gather_probe")
 set -u
@@ -30,7 +30,7 @@ tests_part() {
   [ -n "${TESTS:-}" ] || return 0
   local until=$(( $(date +%s) + $(left) * 6 / 10 )) entry
   for entry in $TESTS; do # NAME or NAME:kernel,kernel (default: $KERNELS)
-    local ks=${KERNELS:-auto mma wgmma stream ws}
+    local ks=${KERNELS:-auto mma wgmma stream ws ws64}
     [[ $entry == *:* ]] && ks=${entry#*:} && ks=${ks//,/ }
     OUT=$L/t KERNELS="$ks" timeout $(( until - $(date +%s) )) bash bench/variants.sh tests "${entry%%:*}"
   done

@@ -6,7 +6,7 @@
 #          bash bench/variants.sh sanitize NAME...         memcheck and racecheck (--quick) of test_gpu_<NAME>, as device_check.sh
 #          bash bench/variants.sh bench NAME...            megamoe_<NAME> bench, the builds in turn per shape
 #   env:   TOKENS (1,8,32,128,512,2048,8192), FORMATS (nvfp4), SHAPES ("256 8 7168 2048|128 8 2048 768|8 2 4096 14336"),
-#          KERNELS (auto mma wgmma stream: tests), ITERS (10)
+#          KERNELS (auto mma wgmma stream ws ws64: tests), ITERS (10)
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -16,7 +16,7 @@ bin() { [ "$1" = main ] && echo ".devbin/$2" || echo ".devbin/$2_$1"; }
 case $what in
 tests)
   for name in "$@"; do
-    for k in ${KERNELS:-auto mma wgmma stream ws}; do
+    for k in ${KERNELS:-auto mma wgmma stream ws ws64}; do
       log="$OUT/test_gpu_${name}_$k.log"
       MEGAMOE_GEMM=$k timeout 200 "$(bin "$name" test_gpu)" > "$log" 2>&1
       rc=$?
