@@ -200,6 +200,13 @@ __device__ __forceinline__ uint64_t desc_sw128(const void *p) {
     return (uint64_t)((a & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+/* The "+f" operands of a wgmma accumulator in inline assembly: 32 floats from d[o] (m64n64), 64 from
+ * d[0] (m64n128). */
+#define MM_ACC8(d, o)                                                                                            \
+    "+f"(d[(o) + 0]), "+f"(d[(o) + 1]), "+f"(d[(o) + 2]), "+f"(d[(o) + 3]), "+f"(d[(o) + 4]), "+f"(d[(o) + 5]),     \
+        "+f"(d[(o) + 6]), "+f"(d[(o) + 7])
+#define MM_ACC32(d, o) MM_ACC8(d, o), MM_ACC8(d, (o) + 8), MM_ACC8(d, (o) + 16), MM_ACC8(d, (o) + 24)
+#define MM_ACC64(d) MM_ACC32(d, 0), MM_ACC32(d, 32)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
