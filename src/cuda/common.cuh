@@ -103,6 +103,38 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
     return before + incl - v;
 }
 
+/* One rank's expert offsets and tile list, in expert order, by one block (experts in chunks of
+ * blockDim.x with a block-wide scan), from the counts count_of(e); on_expert(e, count, offset) sees
+ * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start and num_tiles of buffer b. */
+template <typename CountOf, typename OnExpert>
+__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b,
+                                                  CountOf count_of, OnExpert on_expert) {
+    int32_t *offset = (int32_t *)(b + L.expert_offset);
+    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
+    int slot_base = 0, tile_base = 0;
+    for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
+        const int e = e0 + threadIdx.x;
+        const int n = e < sh.E_r ? count_of(e) : 0, tiles = (n + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+        int slot_total, tile_total;
+        const int slot_off = block_exclusive_scan(n, &slot_total);
+        const int tile_off = block_exclusive_scan(tiles, &tile_total);
+        if (e < sh.E_r) {
+            offset[e] = slot_base + slot_off;
+            on_expert(e, n, slot_base + slot_off);
+            for (int i = 0; i < tiles; i++) {
+                tile_expert[tile_base + tile_off + i] = e;
+                tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
+            }
+        }
+        slot_base += slot_total;
+        tile_base += tile_total;
+    }
+    if (threadIdx.x == 0) {
+        offset[sh.E_r] = slot_base;
+        *(int32_t *)(b + L.num_tiles) = tile_base;
+    }
+}
+
 /* The CUDA device of a device-backend group. */
 int mm_cuda_group_device(const megamoe_group *g);
 

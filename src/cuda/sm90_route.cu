@@ -43,29 +43,7 @@ __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     mm_wait_previous();
     uint8_t *b = peers[sh.first_rank + blockIdx.x];
     const int32_t *count = (const int32_t *)(b + L.expert_count);
-    int32_t *offset = (int32_t *)(b + L.expert_offset);
-    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
-    int slot_base = 0, tile_base = 0;
-    for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
-        const int e = e0 + threadIdx.x;
-        const int n = e < sh.E_r ? count[e] : 0, tiles = (n + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
-        int slot_total, tile_total;
-        const int slot_off = block_exclusive_scan(n, &slot_total);
-        const int tile_off = block_exclusive_scan(tiles, &tile_total);
-        if (e < sh.E_r) {
-            offset[e] = slot_base + slot_off;
-            for (int i = 0; i < tiles; i++) {
-                tile_expert[tile_base + tile_off + i] = e;
-                tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
-            }
-        }
-        slot_base += slot_total;
-        tile_base += tile_total;
-    }
-    if (threadIdx.x == 0) {
-        offset[sh.E_r] = slot_base;
-        *(int32_t *)(b + L.num_tiles) = tile_base;
-    }
+    route_write_tiles(sh, L, b, [&](int e) { return count[e]; }, [](int, int, int) {});
 }
 
 /* Writes the slot codes routed to global expert `expert`, in order, from slots[0] on. */

@@ -40,30 +40,11 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
         }
         __syncthreads();
         /* Counts, offsets and tiles in expert order; hist[e] becomes the expert's first slot. */
-        int32_t *count = (int32_t *)(b + L.expert_count), *offset = (int32_t *)(b + L.expert_offset);
-        int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
-        int slot_base = 0, tile_base = 0;
-        for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
-            const int e = e0 + threadIdx.x;
-            const int c = e < sh.E_r ? hist[e] : 0, tiles = (c + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
-            int slot_total, tile_total;
-            const int slot_off = block_exclusive_scan(c, &slot_total);
-            const int tile_off = block_exclusive_scan(tiles, &tile_total);
-            if (e < sh.E_r) {
-                count[e] = c;
-                offset[e] = hist[e] = slot_base + slot_off;
-                for (int i = 0; i < tiles; i++) {
-                    tile_expert[tile_base + tile_off + i] = e;
-                    tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
-                }
-            }
-            slot_base += slot_total;
-            tile_base += tile_total;
-        }
-        if (threadIdx.x == 0) {
-            offset[sh.E_r] = slot_base;
-            *(int32_t *)(b + L.num_tiles) = tile_base;
-        }
+        int32_t *count = (int32_t *)(b + L.expert_count);
+        route_write_tiles(sh, L, b, [&](int e) { return hist[e]; }, [&](int e, int c, int off) {
+            count[e] = c;
+            hist[e] = off;
+        });
         __syncthreads();
         /* Each slot at its expert's first slot plus the earlier slots of that expert. */
         int32_t *slots = (int32_t *)(b + L.slots);
