@@ -6,7 +6,7 @@
 #   bash bench/pack_devbin.sh
 # then, device tool with carry .devpack: bash bench/results/2026-11-29-s7/next_call1.sh (copy it under
 # the new session's bench/results/<date>/ first). Every step is time-limited; logs in $OUT/logs.tar.gz.
-# GPU 0: test_gpu ccl (auto), pk (auto), mloop (auto), bsplit (auto). GPU 1: NVFP4 decode main / ccl,
+# GPU 0: test_gpu main (auto: the routing refactor 254b21d, not yet run), ccl, pk, mloop, bsplit (auto). GPU 1: NVFP4 decode main / ccl,
 # Qwen3 and DSv3 mid/prefill main / pk, BF16 few-token main / bsplit, prefill main / incrall. Both:
 # BF16 EP2 with T_max 8 / 8192, main / mloop; the 2-GPU pytest on ccl, then mloop.
 set -u
@@ -26,9 +26,10 @@ b() { # build fmt tokens E K H I
 DS="256 8 7168 2048" QW="128 8 2048 768" MX="8 2 4096 14336"
 (
   export CUDA_VISIBLE_DEVICES=0
-  for t in ccl pk mloop bsplit; do
-    left=$(( 330 - $(el) )); [ $left -gt 20 ] || { echo "test_gpu $t: not run (time)"; continue; }
-    MEGAMOE_GEMM=auto timeout $(( left < 90 ? left : 90 )) .devbin/test_gpu_$t > "$L/test_gpu_${t}_auto.log" 2>&1
+  for t in main ccl pk mloop bsplit; do
+    left=$(( 380 - $(el) )); [ $left -gt 20 ] || { echo "test_gpu $t: not run (time)"; continue; }
+    tb=.devbin/test_gpu_$t; [ $t = main ] && tb=.devbin/test_gpu
+    MEGAMOE_GEMM=auto timeout $(( left < 90 ? left : 90 )) $tb > "$L/test_gpu_${t}_auto.log" 2>&1
     echo "test_gpu $t auto: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$L/test_gpu_${t}_auto.log" | tr '\n' ' ') at $(el) s"
   done
 ) > "$L/gpu0.txt" 2>&1 &
