@@ -82,6 +82,13 @@ static inline cudaError_t mm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+/* The current device's SM count (host side; a plain query, allowed while a stream captures). */
+static inline cudaError_t mm_device_sms(int *sms) {
+    int device = 0;
+    const cudaError_t e = cudaGetDevice(&device);
+    return e != cudaSuccess ? e : cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
+}
+
 /* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
 __device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
     __shared__ int warp_sums[32];

@@ -394,9 +394,8 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
                                          uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
                                          int force, cudaStream_t s) {
     if (sh.local_ranks > ST_MAX_LOCAL) return MEGAMOE_ERR_UNSUPPORTED; /* refused at group creation */
-    int device = 0, sms = 0;
-    MM_CUDA_TRY(cudaGetDevice(&device));
-    MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int sms = 0;
+    MM_CUDA_TRY(mm_device_sms(&sms));
     /* A persistent grid; the items of a forward are known on the device only, bounded here. */
     const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
     const long bound = (long)sh.local_ranks * tiles * Y * 16;

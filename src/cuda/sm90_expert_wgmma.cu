@@ -224,16 +224,15 @@ megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const
      * at T_max: the grid is then cut to about one wave of blocks, which walk the tiles the device
      * counted, so a decode forward does not schedule tens of thousands of blocks that only leave. */
     int bx = tiles;
-    if (sh.local_ranks < sh.R) {
-        int device = 0, sms = 0;
-        MM_CUDA_TRY(cudaGetDevice(&device));
-        MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const bool loop = sh.local_ranks < sh.R;
+    if (loop) {
+        int sms = 0;
+        MM_CUDA_TRY(mm_device_sms(&sms));
         const int per_sm = sh.nvfp4 ? WG_NVFP4_BLOCKS : 1, yz = (rows / WG_ROWS) * sh.local_ranks * sp;
         const int cap = sms * per_sm / yz > 1 ? sms * per_sm / yz : 1;
         if (bx > cap) bx = cap;
     }
     const dim3 grid(bx, rows / WG_ROWS, sh.local_ranks * sp);
-    const bool loop = sh.local_ranks < sh.R;
     megamoe_status st;
     if (phase == PHASE_GATE_UP)
         st = loop ? wgmma_launch_phase<PHASE_GATE_UP, true>(grid, sp, sh, L, peers, weights, force, s)

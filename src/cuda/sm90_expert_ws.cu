@@ -375,9 +375,8 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
     int blocks = (rows / MM_WS_ROWS) * tiles;
     const bool loop = sh.local_ranks < sh.R || WS_CAP_ALWAYS;
     if (loop) {
-        int device = 0, sms = 0;
-        MM_CUDA_TRY(cudaGetDevice(&device));
-        MM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        int sms = 0;
+        MM_CUDA_TRY(mm_device_sms(&sms));
         const int cap = sms > 1 ? (sms - 1) | 1 : 1;
         if (blocks > cap) blocks = cap;
     }
