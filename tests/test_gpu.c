@@ -358,6 +358,25 @@ static void test_graph_capture_and_errors(void **state) {
     tu_model_free(&m);
 }
 
+/* Polls stream s every millisecond for up to ms milliseconds; its last status. */
+static cudaError_t wait_stream(cudaStream_t s, int ms) {
+    cudaError_t q = cudaErrorNotReady;
+    for (int i = 0; i < ms && (q = cudaStreamQuery(s)) == cudaErrorNotReady; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return q;
+}
+
+/* Whether a forward of `slots` slots of layer c takes a warp-specialized kernel (gemm_rank 2 or 3) in
+ * either phase, as the launcher plans it (sm90_expert_gemm.cu). */
+static int takes_ws(const megamoe_layer_config *c, long slots, int nvfp4) {
+    const int E = c->num_experts, H = c->hidden_size, I = c->intermediate_size, mk = H < I ? H : I;
+    const int k1 = gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, 2 * I / 128, H / 64).splits, nvfp4, mk);
+    const int k2 = gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, H / 128, I / 64).splits, nvfp4, mk);
+    return gemm_rank(k1) >= 2 || gemm_rank(k2) >= 2;
+}
+
 /* A forward on one stream finishes, and is right, while a kernel on another stream holds part of
  * every SM until released (issue 3: no kernel may need all of its blocks resident at once; the
  * streaming kernel's persistent grid then has 3 of its 4 blocks per SM). Not under --quick:
@@ -392,29 +411,15 @@ static void test_other_stream_holds_sms(void **state) {
             tu_occupier o;
             const int started = tu_occupier_start(&o);
             if (started != 0) fail_msg("occupier kernel did not start on every SM (%d)", started);
-            /* The warp-specialized kernels' block (gemm_rank 2 and 3) takes 63K of an SM's 64K registers (3 warps of 168 on each
-             * quarter of the register file), so it cannot share an SM with the occupier; it waits for one.
-             * Its blocks never wait for each other (DECISIONS 44), so a forward taking it must finish once
-             * the occupier has gone: held 0.2 s, then released, then up to 10 s to finish. */
-            const long slots = (long)T * c.top_k;
-            const int I = c.intermediate_size, H = c.hidden_size;
-            const int ws = gemm_rank(gemm_choice(g_gemm_kernel, slots, c.num_experts,
-                                       plan_splitk(slots, c.num_experts, 2 * I / 128, H / 64).splits, f == 0, H < I ? H : I)) >= 2 ||
-                           gemm_rank(gemm_choice(g_gemm_kernel, slots, c.num_experts,
-                                       plan_splitk(slots, c.num_experts, H / 128, I / 64).splits, f == 0, H < I ? H : I)) >= 2;
+            /* A warp-specialized kernel's block takes 63K of an SM's 64K registers (3 warps of 168 on
+             * each quarter of the register file), so it cannot share an SM with the occupier; it waits
+             * for one. Its blocks never wait for each other (DECISIONS 44), so a forward taking it must
+             * finish once the occupier has gone: held 0.2 s, then released, then up to 10 s to finish. */
+            const int ws = takes_ws(&c, (long)T * c.top_k, f == 0);
             assert_int_equal(gpu_forward(gg, lg, &in, &d, s), MEGAMOE_OK);
-            cudaError_t q = cudaErrorNotReady;
-            for (int ms = 0; ms < (ws ? 200 : 10000) && (q = cudaStreamQuery(s)) == cudaErrorNotReady; ms++) {
-                struct timespec ts = {0, 1000000};
-                nanosleep(&ts, NULL);
-            }
+            cudaError_t q = wait_stream(s, ws ? 200 : 10000);
             const int released = tu_occupier_release(&o);
-            if (ws && q == cudaErrorNotReady) {
-                for (int ms = 0; ms < 10000 && (q = cudaStreamQuery(s)) == cudaErrorNotReady; ms++) {
-                    struct timespec ts = {0, 1000000};
-                    nanosleep(&ts, NULL);
-                }
-            }
+            if (ws && q == cudaErrorNotReady) q = wait_stream(s, 10000);
             CK(cudaStreamSynchronize(s));
             if (q != cudaSuccess)
                 fail_msg("%s T=%d: the forward %s", f ? "bf16" : "nvfp4", T,
