@@ -251,6 +251,7 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
         peak = cl->resident_bytes;
     }
     if (st == MEGAMOE_OK) st = sm90_expert_gemm_prepare();
+    if (st == MEGAMOE_OK) st = sm90_combine_prepare(l->config.top_k, (int)H);
     if (st == MEGAMOE_OK) st = upload_table(cl, R);
     if (st == MEGAMOE_OK && l->norm_gamma) {
         void *g = malloc(H * 4);

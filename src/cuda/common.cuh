@@ -168,6 +168,8 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                    int timeout_ms, cudaStream_t s);
 /* err_words/host_err: given to the forward's last combine (the error words' hand-off), else NULL. */
+/* Opts the combine kernels in to the chunk sums' shared memory of a layer with top-k K and hidden size H. */
+megamoe_status sm90_combine_prepare(int K, int H);
 megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
                                    const float *gamma, const mm_dev_rank_args &a, uint8_t *err_words,
                                    uint8_t *host_err, cudaStream_t s);
