@@ -109,6 +109,20 @@ __device__ __forceinline__ void ws_cp_async16(uint32_t dst, const void *src, int
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+/* A position in the stage ring: stage s, the parity of its current use, and whether the ring has
+ * wrapped once (a producer waits for a stage's release only from its second use on). Carried step by
+ * step, so no step divides by the stage count (a walking block's step count is a runtime value). */
+template <int STAGES>
+struct ws_ring_pos {
+    int s = 0;
+    uint32_t ph = 0;
+    bool lapped = false;
+    __device__ __forceinline__ void next() {
+        if (++s == STAGES) s = 0, ph ^= 1u, lapped = true;
+    }
+    __device__ __forceinline__ int back(int d) const { return s >= d ? s - d : s - d + STAGES; } /* d <= STAGES */
+};
+
 /* A work item: one row block of 256 x one NTOK-token block of an expert. */
 struct ws_item {
     int rb, e, first, ncols; /* ncols 0: nothing to do (an odd tile, or past the rank's tiles) */
@@ -135,7 +149,7 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * order); the host knows the count, so the bound is tight. NCCL (LOOP true): the host knows only a
  * bound sized for every rank at T_max and caps the grid at one block per SM; each block walks the
  * items of the tiles the device counted from blockIdx.x on, gridDim.x apart. Over a block's items
- * the ring's stages run on (step g of the block, not of the item, picks the stage and the phase);
+ * the ring's stages run on (the block's step, not the item's, picks the stage and the phase);
  * the column codes and scales are double-buffered, the producer writing an item's buffer once the
  * consumers' epilogue of the item two before has let it go (colfree). Blocks never wait for each
  * other. (A walking grid on one GPU was measured slower: session 7, `WS_CAP_ALWAYS`.) */
@@ -194,15 +208,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     }
     __syncthreads();
     const mm_dev_weights W = weights[blockIdx.z];
-    int g = 0, n = 0; /* K steps and items of this block so far (LOOP) */
-    /* Runs role(item) over the block's non-empty items, counting g and n after each. */
+    int n = 0; /* items of this block so far (LOOP) */
+    /* Runs role(item) over the block's non-empty items, counting them. */
     auto walk = [&](auto &&role) {
         if constexpr (LOOP) {
             for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
                 const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
                 if (it.ncols == 0) continue;
                 role(it);
-                g += nkc;
                 n++;
             }
         } else {
@@ -215,6 +228,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
         const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
         const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
+        ws_ring_pos<C::stages> pos; /* runs on across the block's items */
         walk([&](const ws_item &it) {
             const int buf = LOOP ? n & 1 : 0;
             if (LOOP && n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
@@ -237,8 +251,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             /* The item's two slabs, as slab indices of the whole weight matrix (all experts). */
             const long slab0 = (long)it.e * (rows_total / 128) + 2 * it.rb;
             for (int kc = 0; kc < nkc; kc++) {
-                const int G = g + kc, s = G % C::stages;
-                if (G >= C::stages) mm_mbar_wait_parity(&empty[s], ((G / C::stages) - 1) & 1);
+                /* One item (LOOP false): the step is kc, and the compiler does better with it. */
+                const int s = LOOP ? pos.s : kc % C::stages;
+                if (LOOP ? pos.lapped : kc >= C::stages) /* its use before released */
+                    mm_mbar_wait_parity(&empty[s], LOOP ? pos.ph ^ 1u : ((kc / C::stages) - 1) & 1);
                 uint8_t *st = smem + s * C::stage_bytes;
                 if (t == 0) {
                     mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes);
@@ -264,12 +280,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 if (kc >= WS_LAG) {
                     cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    mm_mbar_arrive(&full[(G - WS_LAG) % C::stages]);
+                    mm_mbar_arrive(&full[LOOP ? pos.back(WS_LAG) : (kc - WS_LAG) % C::stages]);
                 }
+                if (LOOP) pos.next();
             }
             cp_async_wait<0>();
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            for (int kc = max(0, nkc - WS_LAG); kc < nkc; kc++) mm_mbar_arrive(&full[(g + kc) % C::stages]);
+            for (int d = min(WS_LAG, nkc); d >= 1; d--) /* steps nkc - d */
+                mm_mbar_arrive(&full[LOOP ? pos.back(d) : (nkc - d) % C::stages]);
         });
         return;
     }
@@ -277,9 +295,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
+    ws_ring_pos<C::stages> pos; /* runs on across the block's items */
     auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
-        const int G = g + kc, s = G % C::stages;
-        mm_mbar_wait_parity(&full[s], (G / C::stages) & 1);
+        const int s = LOOP ? pos.s : kc % C::stages;
+        mm_mbar_wait_parity(&full[s], LOOP ? pos.ph : (kc / C::stages) & 1);
         const uint8_t *st = smem + s * C::stage_bytes, *slab = st + C::tok_bytes + c * C::slab_bytes;
         const uint64_t db = desc_sw128(st);
         if constexpr (NVFP4) {
@@ -313,7 +332,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         wgmma_commit();
         wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
         if constexpr (NVFP4) keep_alive(prev);
-        if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[(G - 1) % C::stages]);
+        if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[LOOP ? pos.back(1) : (kc - 1) % C::stages]);
+        if (LOOP) pos.next();
     };
     walk([&](const ws_item &it) {
         /* nkc is even (H and I are multiples of 256; the launcher checks). */
@@ -327,7 +347,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             keep_alive(a0);
             keep_alive(a1);
         }
-        if (LOOP && lane == 0) mm_mbar_arrive(&empty[(g + nkc - 1) % C::stages]); /* the last step's stage */
+        if (LOOP && lane == 0) mm_mbar_arrive(&empty[pos.back(1)]); /* the last step's stage */
         const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
         gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
                                               wgroup, col_code[buf], col_scale[buf], lane);
