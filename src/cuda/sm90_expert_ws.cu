@@ -188,14 +188,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     /* Column i of item it (i < NTOK) into buffer buf: its slot code and, NVFP4 gate/up, its token's
      * activation scale. LOOP: the producer writes each item's; else the block's only item, here. */
     auto fill_column = [&](const ws_item &it, int i, int buf) {
-        const int code = i < it.ncols ? ((const int32_t *)(mine + L.slots))[it.first + i] : -1;
-        col_code[buf][i] = code;
-        float scale = 1.0f;
-        if (code >= 0 && NVFP4 && PHASE == PHASE_GATE_UP) {
-            const slot_info si = decode_slot(sh, code);
-            scale = ((const float *)(peers[si.src] + L.x_scale))[si.token];
-        }
-        col_scale[buf][i] = scale;
+        slot_info si;
+        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, it.first, it.ncols, i, &si, &col_scale[buf][i]);
     };
     if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
     if (tid == 0) {

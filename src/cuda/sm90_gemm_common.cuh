@@ -54,22 +54,32 @@ __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const 
     return t;
 }
 
-/* The token tile's columns, by threads 0..63: each slot's code (-1 past ncols), home rank, token and,
- * for the NVFP4 gate/up, the token's activation scale s. The caller synchronizes. */
+/* Column i of the token tile whose slots start at `first`: the slot's code (-1 from ncols on), its home
+ * rank and token (0 for -1), and in *scale the token's activation scale s for the NVFP4 gate/up (1
+ * otherwise). */
+template <int PHASE, bool nvfp4>
+__device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                           const uint8_t *mine, int first, int ncols, int i, slot_info *si,
+                                           float *scale) {
+    const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
+    *si = {0, 0, 0};
+    if (code >= 0) *si = decode_slot(sh, code);
+    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + L.x_scale))[si->token]
+                                                          : 1.0f;
+    return code;
+}
+
+/* The token tile's columns, by threads 0..63 (tile_column). The caller synchronizes. */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ void tile_columns(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                              const uint8_t *mine, int first, int ncols, int *col_code, int *col_src,
                                              int *col_token, float *col_scale) {
     const int tid = threadIdx.x;
     if (tid < MM_TILE_TOKENS) {
-        const int code = tid < ncols ? ((const int32_t *)(mine + L.slots))[first + tid] : -1;
-        col_code[tid] = code;
-        slot_info si = {0, 0, 0};
-        if (code >= 0) si = decode_slot(sh, code);
+        slot_info si;
+        col_code[tid] = tile_column<PHASE, nvfp4>(sh, L, peers, mine, first, ncols, tid, &si, &col_scale[tid]);
         col_src[tid] = si.src;
         col_token[tid] = si.token;
-        col_scale[tid] = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP
-                             ? ((const float *)(peers[si.src] + L.x_scale))[si.token] : 1.0f;
     }
 }
 
