@@ -177,17 +177,18 @@ static void test_gemm_choice_rules(void **state) {
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 768), GEMM_WGMMA); /* short K */
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 0, 2048), GEMM_WS);
-    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 2, 0, 2048), GEMM_MMA);
+    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 2, 0, 2048), GEMM_WS64); /* split: 64-token */
     assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 1, 2048), GEMM_STREAM);
     assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 0, 2048), GEMM_MMA); /* BF16 has no streaming kernel */
     /* NVFP4 (chosen): streaming up to 8 slots per expert on average, wgmma above. */
     assert_int_equal(gemm_choice(0, 8L * 256, 256, 1, 1, 2048), GEMM_STREAM);
     assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1, 2048), GEMM_WGMMA);
-    /* BF16: the 64-token warp-specialized kernel from 4 per expert without a split, mma.sync otherwise. */
+    /* BF16: the 64-token warp-specialized kernel from 4 per expert (split planned or not), mma.sync below. */
     assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 2048), GEMM_WS64);
     assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 768), GEMM_WS64);
-    assert_int_equal(gemm_choice(0, 4L * 256, 256, 2, 0, 2048), GEMM_MMA);
+    assert_int_equal(gemm_choice(0, 4L * 256, 256, 2, 0, 2048), GEMM_WS64);
     assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 1, 0, 2048), GEMM_MMA);
+    assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 2, 0, 2048), GEMM_MMA);
 }
 
 int main(void) {

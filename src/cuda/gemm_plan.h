@@ -82,18 +82,16 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
     *rb = in_group / group_tiles;
 }
 /* The warp-specialized kernel on 64-token blocks (GEMM_WS64) below MM_WS_MIN_TOKENS per expert:
- * NVFP4 above 16 per expert when both K are 4096 or more; BF16 from 4 per expert without a split (in
- * place of the wgmma kernel). Measured (H200, session 7 call 3, ms ws64 / the choice before): NVFP4
+ * NVFP4 above 16 per expert when both K are 4096 or more; BF16 from 4 per expert (in place of the
+ * wgmma kernel and mma.sync split-K). Measured (H200, session 7 call 3, ms ws64 / the choice before):
+ * NVFP4
  * Mixtral T = 96 (24 per expert) 0.487 / 0.518, T = 128 0.508 / 0.557, T = 160 0.525 / 0.576,
  * T = 192 (48) 0.548 / 0.621, but T = 256 (64, ws) 0.830 / 0.688, T = 64 (16) 0.587 / 0.495 (call 2);
  * DSv3 (min(H, I) = 2048) T = 1024 (32) 5.09 / 3.81 (call 2). BF16: DSv3 T = 128 / 512 / 1024 4.88 /
  * 5.19 / 5.50 against 4.95 / 5.36 / 5.89; Qwen3 0.333 / 0.406 / 0.577 against 0.351 / 0.436 / 0.579;
- * Mixtral 0.688 / 1.369 against 1.121 / 1.504 at T = 128 / 512. */
-/* Experiment knob (default 0, the measured rule): 1 lets BF16 take the 64-token kernel when a K
- * split is planned too (Mixtral T = 128 runs mma.sync split-K at 1.10 ms, ws64 forced 0.69). */
-#ifndef MM_WS64_BF16_SPLIT
-#define MM_WS64_BF16_SPLIT 0
-#endif
+ * Mixtral 0.688 / 1.369 against 1.121 / 1.504 at T = 128 / 512. BF16 takes it when mma.sync would split
+ * K as well (session 8 call 1, H200, Mixtral T = 32 / 128 / 256: 0.655 / 0.692 / 0.893 ms against
+ * mma.sync split-K 0.728 / 1.102 / 1.591; DSv3 and Qwen3, never split there, unchanged). */
 MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
     if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS || force == GEMM_WS64) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
@@ -104,7 +102,7 @@ MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, 
         if (slots <= 8L * E) return GEMM_STREAM;
         return min_k >= 4096 && slots > 16L * E ? GEMM_WS64 : GEMM_WGMMA;
     }
-    return (splits == 1 || MM_WS64_BF16_SPLIT) && slots >= 4L * E ? GEMM_WS64 : GEMM_MMA;
+    return slots >= 4L * E ? GEMM_WS64 : GEMM_MMA;
 }
 /* The order of the kernels along the token count (the choice never goes down as it grows): the
  * few-token kernels (mma.sync, streaming), wgmma, the warp-specialized kernel on 64-token blocks,
