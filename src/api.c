@@ -182,7 +182,7 @@ megamoe_backend megamoe_group_backend(const megamoe_group *group) {
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int device, int num_ranks,
+void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int device, int gather, int num_ranks,
                               int experts_per_rank, int intermediate_size, mm_buffer_layout *l) {
     const uint64_t T = (uint64_t)max_tokens, K = (uint64_t)top_k, H = (uint64_t)hidden_size;
     const uint64_t A = 256; /* every region starts on a 256-byte boundary */
@@ -227,6 +227,12 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         off = align_up(off + T * H * 2, A);
         l->act = off;
         off = align_up(off + slots * I * 2, A);
+        if (gather) {
+            l->xg = off;
+            off = align_up(off + slots * H * 2, A);
+            l->xg_scale = off;
+            off = align_up(off + slots * 4, A);
+        }
         l->error = off;
         off = align_up(off + 16, A);
         l->stage_arrivals = off;
@@ -242,6 +248,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
 }
 
 static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
+/* Ranks on several GPUs read each routed token row once, into a slot-ordered copy (DECISIONS 51). */
+static int gathers(const megamoe_group *g) { return g->config.backend == MEGAMOE_BACKEND_NCCL && g->world_size > 1; }
 
 /* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */
 megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens, int top_k,
@@ -262,7 +270,7 @@ megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts,
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     mm_buffer_layout l;
-    mm_buffer_layout_compute(max_tokens, top_k, hidden_size, is_device(group), group->world_size,
+    mm_buffer_layout_compute(max_tokens, top_k, hidden_size, is_device(group), gathers(group), group->world_size,
                              num_experts / group->world_size, intermediate_size, &l);
     *bytes = l.total;
     return MEGAMOE_OK;
@@ -293,7 +301,7 @@ megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer
     mm_buffer *b = calloc(1, sizeof *b);
     if (!b) return MEGAMOE_ERR_OUT_OF_MEMORY;
     memcpy(b->key, key, sizeof key);
-    mm_buffer_layout_compute(c->max_tokens, c->top_k, c->hidden_size, is_device(group), group->world_size,
+    mm_buffer_layout_compute(c->max_tokens, c->top_k, c->hidden_size, is_device(group), gathers(group), group->world_size,
                              c->num_experts / group->world_size, c->intermediate_size, &b->layout);
     b->rank_base = calloc((size_t)group->local_ranks, sizeof *b->rank_base);
     if (!b->rank_base) {

@@ -31,6 +31,20 @@ struct mm_dev_shape {
     float eps;
 };
 
+/* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */
+struct slot_info {
+    int src, token, slot;
+};
+
+__device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int code) {
+    slot_info s;
+    s.src = code / (sh.T_max * sh.K);
+    const int rem = code - s.src * sh.T_max * sh.K;
+    s.token = rem / sh.K;
+    s.slot = rem - s.token * sh.K;
+    return s;
+}
+
 /* One rank's weights on the device (checkpoint layout, see mm_rank_weights). */
 struct mm_dev_weights {
     const uint8_t *w13, *w13_sf; /* [E_r, 2I, H/2], [E_r, 2I, H/16] */
@@ -159,6 +173,9 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots);
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  long total_slots, cudaStream_t s);
+/* Ranks on several GPUs (L.xg set): each routed slot's gate/up input into this rank's slot-ordered copy. */
+megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                  cudaStream_t s);
 /* Once per device, before the first launch and outside stream capture: the kernels' shared-memory opt-in. */
 megamoe_status sm90_expert_gemm_prepare();
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,

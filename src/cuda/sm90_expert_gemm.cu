@@ -69,10 +69,8 @@ __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const m
         if (k >= k_end) continue; /* the last chunk of a split may be short */
         if (PHASE == PHASE_DOWN) {
             r.v[i] = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + row) * sh.I + k);
-        } else if (sh.nvfp4) { /* decoded once by the stage kernel (biased f16, exact) */
-            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + L.x_f16) + (size_t)col_token[row] * sh.H + k);
-        } else {
-            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + L.x) + (size_t)col_token[row] * sh.H + k);
+        } else { /* NVFP4: decoded once by the stage kernel (biased f16, exact); BF16: x (gate_up_rows) */
+            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + gate_up_rows(sh, L)) + (size_t)col_token[row] * sh.H + k);
         }
     }
 }

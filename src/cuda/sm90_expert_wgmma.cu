@@ -115,8 +115,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
         const uint16_t *row = NULL;
         if (tok < ncols) {
             if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(first + tok) * sh.I;
-            else if (nvfp4) row = (const uint16_t *)(peers[col_src[tok]] + L.x_f16) + (size_t)col_token[tok] * sh.H;
-            else row = (const uint16_t *)(peers[col_src[tok]] + L.x) + (size_t)col_token[tok] * sh.H;
+            else row = (const uint16_t *)(peers[col_src[tok]] + gate_up_rows(sh, L)) + (size_t)col_token[tok] * sh.H;
         }
         bsrc[h] = row ? row + kq * 8 : NULL;
     }

@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             if (code >= 0) {
                 if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
                 else {
-                    const slot_info si = decode_slot(sh, code);
-                    row = (const uint16_t *)(peers[si.src] + (NVFP4 ? L.x_f16 : L.x)) + (size_t)si.token * sh.H;
+                    const slot_info si = gate_up_source(sh, L, code, it.first + t);
+                    row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L)) + (size_t)si.token * sh.H;
                 }
             }
             /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))

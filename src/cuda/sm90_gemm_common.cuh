@@ -25,18 +25,18 @@
 
 enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
-struct slot_info {
-    int src, token, slot;
-};
-
-__device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int code) {
-    slot_info s;
-    s.src = code / (sh.T_max * sh.K);
-    const int rem = code - s.src * sh.T_max * sh.K;
-    s.token = rem / sh.K;
-    s.slot = rem - s.token * sh.K;
-    return s;
+/* Where a gate/up column reads its 16-bit activation row and (NVFP4) its scale s: the staged token on
+ * its home rank (x_f16 or x, and x_scale, at row `token` of peers[src]), or where the ranks gathered
+ * (NCCL, L.xg set) this rank's own copy at the slot's row (sm90_gather_kernel). */
+__device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, const mm_buffer_layout &L, int code,
+                                                    int row) {
+    if (L.xg) return {sh.first_rank, row, 0};
+    return decode_slot(sh, code);
 }
+__device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L) {
+    return L.xg ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
+}
+__device__ __forceinline__ uint64_t gate_up_scales(const mm_buffer_layout &L) { return L.xg ? L.xg_scale : L.x_scale; }
 
 /* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)
  * and its tokens (at most MM_TILE_TOKENS). */
@@ -55,7 +55,7 @@ __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const 
 }
 
 /* Column i of the token tile whose slots start at `first`: the slot's code (-1 from ncols on), its home
- * rank and token (0 for -1), and in *scale the token's activation scale s for the NVFP4 gate/up (1
+ * rank and token (gate/up: its gate_up_source; 0 for -1), and in *scale the token's activation scale s for the NVFP4 gate/up (1
  * otherwise). */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
@@ -63,8 +63,8 @@ __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buff
                                            float *scale) {
     const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
     *si = {0, 0, 0};
-    if (code >= 0) *si = decode_slot(sh, code);
-    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + L.x_scale))[si->token]
+    if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, L, code, first + i) : decode_slot(sh, code);
+    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(L)))[si->token]
                                                           : 1.0f;
     return code;
 }
