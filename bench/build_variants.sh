@@ -6,7 +6,7 @@
 #   usage: [TESTS=1] bash bench/build_variants.sh "name[@REV]=FLAGS" ...
 #   e.g.   bash bench/build_variants.sh "b5s6=-DMM_STREAM_BLOCKS_PER_SM=5 -DST_STAGES=6" "n128@wip/wgmma-n128="
 # then on the GPU machine, per name: .devbin/megamoe_<name> bench --backend cuda ...
-# Knobs on main: MM_STREAM_BLOCKS_PER_SM, MM_STREAM_TARGET_ITEMS, MM_WS_GROUP, MM_WS_MIN_TOKENS (src/cuda/gemm_plan.h), WS_LAG (sm90_expert_ws.cu), ST_STAGES
+# The flags go to the C compiler too (MM_GATHER in src/internal.h). Knobs on main: MM_STREAM_BLOCKS_PER_SM, MM_STREAM_TARGET_ITEMS, MM_WS_GROUP, MM_WS_MIN_TOKENS (src/cuda/gemm_plan.h), WS_LAG (sm90_expert_ws.cu), ST_STAGES
 # (src/cuda/sm90_expert_stream.cu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ for spec in "$@"; do
     trap 'git -C "$root" worktree remove --force "$src"' EXIT
   fi
   rm -rf "$root/build-var-$name" # its cache names the source folder, new for each worktree
-  cmake -S "$src" -B "$root/build-var-$name" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON -DCMAKE_CUDA_FLAGS="$flags" >/dev/null
+  cmake -S "$src" -B "$root/build-var-$name" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON -DCMAKE_CUDA_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" >/dev/null
   targets=(megamoe_cli); [ "${TESTS:-0}" = 1 ] && targets+=(test_gpu)
   cmake --build "$root/build-var-$name" -j "$(nproc)" --target "${targets[@]}" >/dev/null
   cp "$root/build-var-$name/megamoe" ".devbin/megamoe_$name"

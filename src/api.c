@@ -249,7 +249,10 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
 
 static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
 /* Ranks on several GPUs read each routed token row once, into a slot-ordered copy (DECISIONS 51). */
-static int gathers(const megamoe_group *g) { return g->config.backend == MEGAMOE_BACKEND_NCCL && g->world_size > 1; }
+static int gathers(const megamoe_group *g) {
+    if (MM_GATHER >= 0) return MM_GATHER && is_device(g);
+    return g->config.backend == MEGAMOE_BACKEND_NCCL && g->world_size > 1;
+}
 
 /* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */
 megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens, int top_k,

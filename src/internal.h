@@ -60,6 +60,12 @@ typedef struct mm_buffer_layout {
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 
+/* Experiment knob: which groups gather the gate/up input (L.xg): -1 (default) ranks on several GPUs
+ * (NCCL, R > 1), 1 every device group (one process too), 0 none. */
+#ifndef MM_GATHER
+#define MM_GATHER -1
+#endif
+
 /* The byte layout of one rank's buffer. `device` adds the routing and activation regions a device
  * backend needs (they depend on R, E_r and I too); `gather` (ranks on several GPUs, NCCL) adds the
  * slot-ordered copy of the gate/up input that each rank gathers from the home ranks once per forward. */

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
     for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)Bs)[i] = make_uint4(0, 0, 0, 0);
-    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, first, ncols, col_code, col_src, col_token, col_scale);
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, r, first, ncols, col_code, col_src, col_token, col_scale);
     __syncthreads();
 
     const uint8_t *codes = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     uint8_t *bring = smem;
     uint8_t *aring = smem + WG_STAGES * B_SLOT + warp * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
     for (int i = tid; i < WG_STAGES * B_SLOT / 16; i += WG_THREADS) ((uint4 *)bring)[i] = make_uint4(0, 0, 0, 0);
-    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, first, ncols, col_code, col_src, col_token, col_scale);
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, r, first, ncols, col_code, col_src, col_token, col_scale);
     __syncthreads();
 
     /* This thread's two 16-byte pieces of each step's token tile: piece i -> token (i >> 1) & 63,

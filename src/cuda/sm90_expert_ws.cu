@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
-    uint8_t *mine = peers[sh.first_rank + (int)blockIdx.z];
+    const int me = sh.first_rank + (int)blockIdx.z;
+    uint8_t *mine = peers[me];
     const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
     const int ntiles = min(tiles, num_tiles), nitems = nrb * ntiles;
     ws_item only = {0, 0, 0, 0}; /* LOOP false: the block's item */
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
      * activation scale. LOOP: the producer writes each item's; else the block's only item, here. */
     auto fill_column = [&](const ws_item &it, int i, int buf) {
         slot_info si;
-        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, it.first, it.ncols, i, &si, &col_scale[buf][i]);
+        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, me, it.first, it.ncols, i, &si, &col_scale[buf][i]);
     };
     if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
     if (tid == 0) {
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             if (code >= 0) {
                 if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
                 else {
-                    const slot_info si = gate_up_source(sh, L, code, it.first + t);
+                    const slot_info si = gate_up_source(sh, L, me, code, it.first + t);
                     row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L)) + (size_t)si.token * sh.H;
                 }
             }

@@ -151,7 +151,7 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     return MEGAMOE_OK;
 }
 
-/* One warp per slot row of this rank (rows walked by the grid): the row's H 16-bit values (x_f16 for
+/* One warp per slot row of rank first_rank + blockIdx.y (rows walked by the grid): the row's H 16-bit values (x_f16 for
  * NVFP4, x for BF16) from the token's home rank to row `row` of xg, and its scale s to xg_scale. The
  * copies are exact, so y does not depend on whether a rank gathered. */
 #define GATHER_THREADS 256
@@ -159,7 +159,7 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                      uint8_t *const *peers) {
     mm_wait_previous();
-    uint8_t *mine = peers[sh.first_rank];
+    uint8_t *mine = peers[sh.first_rank + blockIdx.y];
     const int lane = threadIdx.x & 31, warps = GATHER_THREADS / 32;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r], chunks = sh.H / 8;
     const uint64_t src_rows = sh.nvfp4 ? L.x_f16 : L.x;
@@ -193,7 +193,7 @@ megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout
     /* Enough warps for every slot row the rank can hold, at most 4 blocks per SM. */
     const long rows = (long)sh.R * sh.T_max * sh.K, warps = GATHER_THREADS / 32;
     const long want = (rows + warps - 1) / warps;
-    const int grid = (int)(want < 4L * sms ? want : 4L * sms);
+    const dim3 grid((unsigned)(want < 4L * sms ? want : 4L * sms), sh.local_ranks);
     MM_CUDA_TRY(mm_launch(sm90_gather_kernel, grid, GATHER_THREADS, 0, s, sh, L, peers));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
