@@ -331,7 +331,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
     if (!stage_routes && (st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s)) != MEGAMOE_OK) return st;
     if ((st = sm90_gather_launch(sh, L, peers, s)) != MEGAMOE_OK) return st;
-    st = sm90_expert_gemm_launch(sh, L, peers, cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
+    st = sm90_expert_gemm_launch(sh, L, peers, base[0], cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;

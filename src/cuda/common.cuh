@@ -179,7 +179,8 @@ megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout
 /* Once per device, before the first launch and outside stream capture: the kernels' shared-memory opt-in. */
 megamoe_status sm90_expert_gemm_prepare();
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       const mm_dev_weights *weights, int total_tokens, int force, cudaStream_t s);
+                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens, int force,
+                                       cudaStream_t s);
 /* Every rank of the group arrives at and waits for the others (NCCL backend: ranks on other GPUs),
  * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word. */
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,

@@ -1,6 +1,6 @@
 /*
- * sm90_async.cuh -- the mbarrier and bulk-copy (cp.async.bulk, TMA 1D) primitives of the streaming
- * GEMM kernel (sm90_expert_stream.cu), shared with the experiments of dev/ that measured the design.
+ * sm90_async.cuh -- the mbarrier and bulk-copy (cp.async.bulk: TMA 1D, and 2D through a tensor map)
+ * primitives of the streaming and warp-specialized GEMM kernels, shared with the experiments of dev/.
  * Shared memory at CTA scope; an arrive releases and a wait acquires (PTX defaults).
  */
 #ifndef MEGAMOE_SM90_ASYNC_CUH
@@ -51,6 +51,14 @@ __device__ __forceinline__ void mm_bulk_copy(void *dst, const void *src, uint32_
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                      mm_smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(mm_smem_u32(bar))
+                 : "memory");
+}
+
+/* The box of a 2D tensor map (CUtensorMap, passed as a __grid_constant__ kernel parameter) at
+ * element coordinates (inner, outer) to shared memory, counted on the mbarrier's transaction count. */
+__device__ __forceinline__ void mm_tma_load_2d(void *dst, const void *map, int inner, int outer, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(mm_smem_u32(dst)), "l"((uint64_t)map), "r"(inner), "r"(outer), "r"(mm_smem_u32(bar))
                  : "memory");
 }
 

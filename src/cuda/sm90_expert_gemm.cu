@@ -229,20 +229,22 @@ static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, cons
 template <int PH>
 static megamoe_status launch_phase(int kernel, bool wgmma, bool ws64, bool ws, int wsp, dim3 grid, int sp, int tiles,
                                    long slots, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                   uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
+                                   uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int force,
+                                   cudaStream_t s) {
     megamoe_status st = MEGAMOE_OK;
     if (kernel == GEMM_MMA)
         st = sh.nvfp4 ? launch_mma<PH, true>(grid, sp, sh, L, peers, weights, force, s)
                       : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
     if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
     if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
-    if (st == MEGAMOE_OK && ws64) st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, 64, force, s);
-    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, weights, tiles, 128, force, s);
+    if (st == MEGAMOE_OK && ws64) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 64, force, s);
+    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 128, force, s);
     return st;
 }
 
 megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       const mm_dev_weights *weights, int total_tokens, int force, cudaStream_t s) {
+                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens, int force,
+                                       cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
     /* Single process: the host knows the group's token count and plans exactly as the kernels will.
      * NCCL: it knows only its own count, a lower bound of the group's, so it launches the most splits
@@ -278,10 +280,10 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_l
     const int wsp1 = nccl ? wgmma_splits_wanted(slots, sh.E, wy1, sh.H / BK) : plan_wgmma_splits(slots, sh.E, wy1, sh.H / BK).splits;
     const int wsp2 = nccl ? wgmma_splits_wanted(slots, sh.E, wy2, sh.I / BK) : plan_wgmma_splits(slots, sh.E, wy2, sh.I / BK).splits;
     megamoe_status st = launch_phase<PHASE_GATE_UP>(k1, wg1, w64_1, ws1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L,
-                                                     peers, weights, force, s);
+                                                     peers, base0, weights, force, s);
     if (st == MEGAMOE_OK)
-        st = launch_phase<PHASE_DOWN>(k2, wg2, w64_2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, weights, force,
-                                      s);
+        st = launch_phase<PHASE_DOWN>(k2, wg2, w64_2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, base0,
+                                      weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;

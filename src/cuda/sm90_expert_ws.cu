@@ -6,12 +6,14 @@
  * Block: 256 weight rows (two slabs of 128, weight_layout.h) x 128 tokens (two 64-token tiles of the
  * tile list: the block of an expert's even tile takes the odd one after it too; the odd tiles' blocks
  * leave at once), three warpgroups:
- *   - the producer (setmaxnreg 40): thread t copies token t's 128 bytes of each K step with cp.async
- *     into the stage's 128-byte-swizzled token tile (the tokens are gathered rows, so no 2D TMA);
- *     thread 0 also copies the two slabs' weights of the step, each one contiguous run of the kernel
- *     layout, with bulk copies (TMA 1D). A stage is signalled full when the bulk bytes have landed and
- *     every producer thread has waited for its copies WS_LAG steps later and fenced them for the
- *     async proxy (wgmma reads shared memory through it).
+ *   - the producer (setmaxnreg 40): thread 0 copies the two slabs' weights of each K step, each one
+ *     contiguous run of the kernel layout, with bulk copies (TMA 1D). The token tile (128-byte
+ *     swizzled, 128 bytes per token and step): where the item's rows are consecutive rows of one
+ *     matrix (act in the down projection, the gathered gate/up input xg) and the process drives one
+ *     rank, thread 0 copies it too, as one box of a 2D tensor map (TMA); else thread t copies token
+ *     t's 128 bytes with cp.async (rows gathered by token), waits for them WS_LAG steps later and
+ *     fences them for the async proxy (wgmma reads shared memory through it). A stage is full when
+ *     the bulk bytes have landed and every producer thread has arrived.
  *   - two consumers (setmaxnreg 232), one slab each as two m64 blocks: each warp decodes two 16-row
  *     groups per K step (`decode_a`, as every kernel of the library) into the A registers of
  *     wgmma.m64n128k16 (RS) over the stage's token tile, keeps one step's group of wgmma in flight
@@ -23,6 +25,9 @@
  * BF16 takes its A operand from shared memory instead (SS wgmma): a slab's K step is stored in the
  * K-major core-matrix order (weight_layout.h), so the bulk-copied 16 KB is the operand as it lands.
  */
+#include <cuda.h> /* CUtensorMap; the encoder comes through the runtime's driver entry point (no -lcuda) */
+#include <cudaTypedefs.h>
+
 #include "sm90_async.cuh"
 #include "sm90_gemm_common.cuh"
 
@@ -157,7 +162,9 @@ template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
-                                                                       int force) {
+                                                                       int force,
+                                                                       const __grid_constant__ CUtensorMap tok_map,
+                                                                       int tok_tma) {
     using C = ws_cfg<NVFP4, NTOK>;
     constexpr int NBUF = LOOP ? 2 : 1;
     mm_wait_previous();
@@ -230,7 +237,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             /* LOOP: the item's columns; the consumers read them after their wait on the stages'
              * `full`, on which every producer thread arrives after these stores. */
             if (LOOP && t < NTOK) fill_column(it, t, buf);
-            const int code = t < NTOK ? col_code[buf][t] : -1;
+            const int code = t < NTOK && !tok_tma ? col_code[buf][t] : -1;
             const uint16_t *row = NULL;
             if (code >= 0) {
                 if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
@@ -252,7 +259,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                     mm_mbar_wait_parity(&empty[s], LOOP ? pos.ph ^ 1u : ((kc / C::stages) - 1) & 1);
                 uint8_t *st = smem + s * C::stage_bytes;
                 if (t == 0) {
-                    mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes);
+                    mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes + (tok_tma ? C::tok_bytes : 0));
+                    /* Rows past the item (the next expert's, or past the matrix: zeros) fill columns
+                     * the epilogue never stores; a wgmma column does not mix with the others. */
+                    if (tok_tma) mm_tma_load_2d(st, &tok_map, kc * BK, it.first, &full[s]);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
@@ -264,6 +274,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                             mm_bulk_copy(dst, wbf0 + unit * 2048, 16384, &full[s]);
                         }
                     }
+                }
+                if (tok_tma) { /* every producer thread arrives, as with copies of its own */
+                    mm_mbar_arrive(&full[s]);
+                    if (LOOP) pos.next();
+                    continue;
                 }
                 const uint32_t dst = mm_smem_u32(st) + t * 128;
                 const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
@@ -279,6 +294,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 }
                 if (LOOP) pos.next();
             }
+            if (tok_tma) return;
             cp_async_wait<0>();
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             for (int d = min(WS_LAG, nkc); d >= 1; d--) /* steps nkc - d */
@@ -353,32 +369,66 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     });
 }
 
+/* rows x K 16-bit elements at base (K innermost), in boxes of 64 K x box_rows rows with the 128-byte
+ * swizzle: a box is the ws kernel's token tile of one K step. */
+static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, uint64_t K, uint32_t box_rows) {
+    /* Looked up once (a thread-safe static: the CLI's NCCL ranks are threads). */
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+        return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)fn : NULL;
+    }();
+    if (!encode)
+        return mm_cuda_error(cudaErrorNotSupported, "cuTensorMapEncodeTiled (driver entry point)", __FILE__, __LINE__);
+    const cuuint64_t dims[2] = {K, rows}, strides[1] = {K * 2};
+    const cuuint32_t box[2] = {BK, box_rows}, estr[2] = {1, 1};
+    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return mm_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
+    return MEGAMOE_OK;
+}
+
 template <int PH, bool NV, int NTOK>
 static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                    uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
+                                    uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int force,
+                                    cudaStream_t s) {
+    /* The token tile by TMA where the item's rows are consecutive rows of one matrix of the rank's
+     * buffer (the down projection's act; gate/up once gathered) and one rank is driven here (a map
+     * per rank would not fit one kernel parameter). */
+    CUtensorMap map;
+    memset(&map, 0, sizeof map);
+    const int tma = sh.local_ranks == 1 && (PH == PHASE_DOWN || L.xg != 0);
+    if (tma) {
+        const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K;
+        const megamoe_status st = PH == PHASE_DOWN ? tile_map_16bit(&map, base0 + L.act, rows, sh.I, NTOK)
+                                                   : tile_map_16bit(&map, base0 + L.xg, rows, sh.H, NTOK);
+        if (st != MEGAMOE_OK) return st;
+    }
     if (loop)
         MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s, sh,
-                              L, peers, weights, tiles, force));
+                              L, peers, weights, tiles, force, map, tma));
     else
         MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s,
-                              sh, L, peers, weights, tiles, force));
+                              sh, L, peers, weights, tiles, force, map, tma));
     return MEGAMOE_OK;
 }
 
 template <int NTOK>
 static megamoe_status ws_launch_ntok(int phase, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
-                                     const mm_buffer_layout &L, uint8_t *const *peers, const mm_dev_weights *weights,
-                                     int force, cudaStream_t s) {
+                                     const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *base0,
+                                     const mm_dev_weights *weights, int force, cudaStream_t s) {
     if (phase == PHASE_GATE_UP)
-        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s)
-                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s);
-    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s)
-                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, loop, tiles, sh, L, peers, weights, force, s);
+        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
 }
 
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                     uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int ntok,
-                                     int force, cudaStream_t s) {
+                                     uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int tiles,
+                                     int ntok, int force, cudaStream_t s) {
     const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
     if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
     /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
@@ -396,8 +446,8 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
         if (blocks > cap) blocks = cap;
     }
     const dim3 grid(blocks, 1, sh.local_ranks);
-    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, loop, tiles, sh, L, peers, weights, force, s)
-                                          : ws_launch_ntok<64>(phase, grid, loop, tiles, sh, L, peers, weights, force, s);
+    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                                          : ws_launch_ntok<64>(phase, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
