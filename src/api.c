@@ -248,10 +248,13 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
 }
 
 static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
-/* Ranks on several GPUs read each routed token row once, into a slot-ordered copy (DECISIONS 51). */
+/* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 51): ranks on
+ * several GPUs on every forward (each remote row crosses NVLink once), a process driving one rank
+ * when the warp-specialized kernels run (their token tile is then one TMA box). One process driving
+ * several ranks (tests) does not (MM_GATHER = 1 makes it, to test that path). */
 static int gathers(const megamoe_group *g) {
     if (MM_GATHER >= 0) return MM_GATHER && is_device(g);
-    return g->config.backend == MEGAMOE_BACKEND_NCCL && g->world_size > 1;
+    return is_device(g) && (g->local_ranks == 1 || g->config.backend == MEGAMOE_BACKEND_NCCL);
 }
 
 /* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */

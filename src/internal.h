@@ -43,7 +43,7 @@ typedef struct mm_buffer_layout {
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
-    uint64_t xg;              /* gathered (NCCL, R > 1; else 0): [R*T_max*K, H] 16-bit gate/up input by  */
+    uint64_t xg;              /* api.c gathers(), else 0: [R*T_max*K, H] 16-bit gate/up input by     */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
     uint64_t xg_scale;        /* gathered, NVFP4: [R*T_max*K] f32 the slot's token scale s             */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
@@ -60,15 +60,16 @@ typedef struct mm_buffer_layout {
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 
-/* Experiment knob: which groups gather the gate/up input (L.xg): -1 (default) ranks on several GPUs
- * (NCCL, R > 1), 1 every device group (one process too), 0 none. */
+/* Test and experiment knob: which device groups hold the gathered gate/up input (L.xg): -1 (default)
+ * those of one rank per process (NCCL, or one GPU with R = 1), 1 all (one process driving several
+ * ranks too), 0 none. */
 #ifndef MM_GATHER
 #define MM_GATHER -1
 #endif
 
 /* The byte layout of one rank's buffer. `device` adds the routing and activation regions a device
- * backend needs (they depend on R, E_r and I too); `gather` (ranks on several GPUs, NCCL) adds the
- * slot-ordered copy of the gate/up input that each rank gathers from the home ranks once per forward. */
+ * backend needs (they depend on R, E_r and I too); `gather` adds the slot-ordered copy of the gate/up
+ * input that a rank gathers from the home ranks (one row per slot) for the forwards that use it. */
 void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int device, int gather, int num_ranks,
                               int experts_per_rank, int intermediate_size, mm_buffer_layout *layout);
 

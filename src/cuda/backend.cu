@@ -306,6 +306,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     sh.has_norm = cl->gamma != NULL;
     sh.clamp = l->config.activation_clamp;
     sh.eps = l->config.norm_eps;
+    sh.gathered = 0; /* set by the GEMM launcher for the forward */
     uint8_t **base = (uint8_t **)l->buffer->rank_base;
     uint8_t *const *peers = (uint8_t *const *)l->buffer->peer_table;
     uint8_t *err = base[0];
@@ -330,7 +331,6 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     megamoe_status st = MEGAMOE_OK;
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
     if (!stage_routes && (st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s)) != MEGAMOE_OK) return st;
-    if ((st = sm90_gather_launch(sh, L, peers, s)) != MEGAMOE_OK) return st;
     st = sm90_expert_gemm_launch(sh, L, peers, base[0], cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */

@@ -29,6 +29,7 @@ struct mm_dev_shape {
     int has_norm;
     float clamp;    /* 0 = off */
     float eps;
+    int gathered;   /* this forward's gate/up reads the slot-ordered copy L.xg (sm90_gather_kernel) */
 };
 
 /* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */
@@ -173,7 +174,7 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots);
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  long total_slots, cudaStream_t s);
-/* Ranks on several GPUs (L.xg set): each routed slot's gate/up input into this rank's slot-ordered copy. */
+/* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered). */
 megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                   cudaStream_t s);
 /* Once per device, before the first launch and outside stream capture: the kernels' shared-memory opt-in. */

@@ -136,7 +136,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 } else {
                     const slot_info si = gate_up_source(sh, L, sh.first_rank + r, code, row0 + lane);
                     xsrc = peers[si.src] + gate_up_rows(sh, L) + (size_t)si.token * sh.H * 2;
-                    scale = ((const float *)(peers[si.src] + gate_up_scales(L)))[si.token];
+                    scale = ((const float *)(peers[si.src] + gate_up_scales(sh, L)))[si.token];
                 }
             }
             const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128;
@@ -226,7 +226,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
             float scale = 1.0f;
             if (PHASE == PHASE_GATE_UP && code >= 0) {
                 const slot_info si = gate_up_source(sh, L, sh.first_rank + h.r, code, first + lane);
-                scale = ((const float *)(peers[si.src] + gate_up_scales(L)))[si.token];
+                scale = ((const float *)(peers[si.src] + gate_up_scales(sh, L)))[si.token];
             }
             col_code[lane] = code;
             col_scale[lane] = scale;

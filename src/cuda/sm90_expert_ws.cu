@@ -399,7 +399,7 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
      * per rank would not fit one kernel parameter). */
     CUtensorMap map;
     memset(&map, 0, sizeof map);
-    const int tma = sh.local_ranks == 1 && (PH == PHASE_DOWN || L.xg != 0);
+    const int tma = sh.local_ranks == 1 && (PH == PHASE_DOWN || sh.gathered);
     if (tma) {
         const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K;
         const megamoe_status st = PH == PHASE_DOWN ? tile_map_16bit(&map, base0 + L.act, rows, sh.I, NTOK)

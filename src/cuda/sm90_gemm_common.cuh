@@ -27,16 +27,18 @@ enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
 /* Where a gate/up column reads its 16-bit activation row and (NVFP4) its scale s: the staged token on
  * its home rank (x_f16 or x, and x_scale, at row `token` of peers[src]), or where the ranks gathered
- * (L.xg set: ranks on several GPUs) rank me's own copy at the slot's row (sm90_gather_kernel). */
+ * (sh.gathered) rank me's own copy at the slot's row (L.xg, sm90_gather_kernel). */
 __device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, const mm_buffer_layout &L, int me,
                                                     int code, int row) {
-    if (L.xg) return {me, row, 0};
+    if (sh.gathered) return {me, row, 0};
     return decode_slot(sh, code);
 }
 __device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L) {
-    return L.xg ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
+    return sh.gathered ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
 }
-__device__ __forceinline__ uint64_t gate_up_scales(const mm_buffer_layout &L) { return L.xg ? L.xg_scale : L.x_scale; }
+__device__ __forceinline__ uint64_t gate_up_scales(const mm_dev_shape &sh, const mm_buffer_layout &L) {
+    return sh.gathered ? L.xg_scale : L.x_scale;
+}
 
 /* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)
  * and its tokens (at most MM_TILE_TOKENS). */
@@ -64,7 +66,7 @@ __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buff
     const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
     *si = {0, 0, 0};
     if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, L, me, code, first + i) : decode_slot(sh, code);
-    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(L)))[si->token]
+    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(sh, L)))[si->token]
                                                           : 1.0f;
     return code;
 }

@@ -187,7 +187,6 @@ __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shap
 
 megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                   cudaStream_t s) {
-    if (!L.xg) return MEGAMOE_OK;
     int sms = 0;
     MM_CUDA_TRY(mm_device_sms(&sms));
     /* Enough warps for every slot row the rank can hold, at most 4 blocks per SM. */
