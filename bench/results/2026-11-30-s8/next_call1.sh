@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Prepared in session 8 for the first call of session 9 (nvidia-h200-x2; not yet run). Builds, here:
+#   bash bench/stage_device.sh
+#   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-skip="
+#   bash bench/pack_devbin.sh
+# then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
+# GPU 0: test_gpu main with mma / wgmma / stream forced (the landed code ran auto, ws, ws64), gskip
+# auto, racecheck main mma / wgmma. GPU 1: what the TMA token tiles changed (BF16 DSv3 and Qwen3,
+# NVFP4 Mixtral T = 128 / 512) and the kernel thresholds (each GEMM kernel forced). Both: the 2-GPU
+# pytest on main and gskip, EP2 DSv3 decode-to-mid T main / gskip. Logs in $OUT/logs.tar.gz.
+set -u
+OUT=${OUT:-device-out}
+L=$OUT/logs
+mkdir -p "$L"
+tar xJf .devpack/devbin.tar.xz
+. bench/device_env.sh
+start=$(date +%s)
+el() { echo $(( $(date +%s) - start )); }
+bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
+(
+  export CUDA_VISIBLE_DEVICES=0
+  for run in "main mma" "main wgmma" "main stream" "gskip auto"; do
+    set -- $run
+    tb=.devbin/test_gpu; [ $1 = main ] || tb=.devbin/test_gpu_$1
+    MEGAMOE_GEMM=$2 timeout 80 $tb > "$L/test_gpu_$1_$2.log" 2>&1
+    echo "test_gpu $1 $2: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$L/test_gpu_$1_$2.log" | tr '\n' ' ') at $(el) s"
+  done
+  for g in mma wgmma; do
+    MEGAMOE_GEMM=$g timeout 40 compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 \
+      "${RACECHECK_EXCLUDE[@]}" .devbin/test_gpu --quick > "$L/racecheck_$g.log" 2>&1
+    echo "racecheck $g: exit $? $(tail -n 1 "$L/racecheck_$g.log") at $(el) s"
+  done
+) > "$L/gpu0.txt" 2>&1 &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  b() { # label gemm fmt tokens E K H I
+    local lab=$1 k=$2 fmt=$3 tok=$4; shift 4
+    timeout ${TL:-60} .devbin/megamoe bench --backend cuda --format $fmt --experts $1 --top-k $2 --hidden $3 --inter $4 \
+      --tokens $tok --iters 10 --gemm $k 2>&1 | sed "s/^bench:/bench[$lab $k]:/" >> "$L/bench1.log"
+  }
+  TL=120 b main auto bf16 128,2048,8192 256 8 7168 2048
+  b main auto bf16 128,512,2048,8192 128 8 2048 768
+  b main auto nvfp4 128,512 8 2 4096 14336
+  for k in auto wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
+  for k in wgmma ws; do b main $k nvfp4 512,2048,8192 128 8 2048 768; done
+  echo "bench1 done at $(el) s"
+) > "$L/gpu1.txt" 2>&1 &
+wait
+(
+  for n in main gskip; do
+    left=$(( 450 - $(el) )); [ $left -gt 40 ] || { echo "multi-GPU $n: not run (time)"; continue; }
+    MEGAMOE_CLI=$(bin $n) timeout $(( left < 120 ? left : 120 )) python3 -m pytest -q -p no:cacheprovider -rs \
+      tests/py/test_multi_gpu.py > "$L/multi_gpu_$n.txt" 2>&1
+    echo "multi-GPU $n: $(tail -n 1 "$L/multi_gpu_$n.txt") at $(el) s"
+  done
+  for n in gskip main; do
+    left=$(( 585 - $(el) )); [ $left -gt 25 ] || break
+    timeout $(( left < 70 ? left : 70 )) "$(bin $n)" bench --gpus 2 --format nvfp4 --experts 256 --top-k 8 --hidden 7168 \
+      --inter 2048 --tokens 1,8,32,128,512,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$n dsv3 tmax 8192]:/" >> "$L/nccl.log"
+  done
+) > "$L/both.txt" 2>&1
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs
+cat "$L/gpu0.txt" "$L/gpu1.txt" "$L/both.txt"
+cat "$L/bench1.log" "$L/nccl.log" 2>/dev/null | grep -E "median|per layer" | sed -E 's/R=1 backend=cuda: //; s/ over 10//; s/ of touched expert weights//; s/, [0-9.]+ GB\/s.*experts\)//; s/\(slowest rank.s median\)//; s/ TFLOP.s.*//; s/backend=nccl: //' | cut -c1-110
