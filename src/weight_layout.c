@@ -4,6 +4,9 @@
  */
 #include "weight_layout.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* Visits every (checkpoint element, kernel position) pair of a [rows, K] matrix. */
 #define FOR_EACH_FRAGMENT_ELEMENT(BODY)                                                                      \
     for (int64_t q = 0; q < rows / 16; q++)                                                                  \
@@ -79,4 +82,44 @@ void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up
 
 void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out) {
     FOR_EACH_FRAGMENT_ELEMENT((void)frag; out[row * K + k] = w[bf16_index(q, kc, K / MM_FRAG_K, lane, s, j, e)];)
+}
+
+int mm_layout_pack_experts(uint8_t *w13, uint8_t *w13_sf, uint8_t *w2, uint8_t *w2_sf, uint16_t *w13_bf16,
+                           uint16_t *w2_bf16, int E, int64_t H, int64_t I, int threads) {
+    const size_t n13 = (size_t)(2 * I * H), n2 = (size_t)(H * I);
+    const int nvfp4 = w13 != NULL;
+    /* One expert's w13 is the larger matrix: codes and scales, or bf16. */
+    const size_t scratch_bytes = nvfp4 ? n13 / 2 + n13 / 16 : n13 * 2;
+    int ok = 1;
+    if (threads > E) threads = E;
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads(threads)
+    {
+        uint8_t *scratch = malloc(scratch_bytes);
+        if (!scratch) {
+#pragma omp atomic write
+            ok = 0;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int e = 0; e < E; e++) {
+            if (!scratch) continue;
+            if (nvfp4) {
+                uint8_t *codes = scratch, *sf = scratch + n13 / 2;
+                mm_layout_pack_nvfp4(w13 + e * n13 / 2, w13_sf + e * n13 / 16, 2 * I, H, 1, codes, sf);
+                memcpy(w13 + e * n13 / 2, codes, n13 / 2);
+                memcpy(w13_sf + e * n13 / 16, sf, n13 / 16);
+                mm_layout_pack_nvfp4(w2 + e * n2 / 2, w2_sf + e * n2 / 16, H, I, 0, codes, sf);
+                memcpy(w2 + e * n2 / 2, codes, n2 / 2);
+                memcpy(w2_sf + e * n2 / 16, sf, n2 / 16);
+            } else {
+                uint16_t *tmp = (uint16_t *)scratch;
+                mm_layout_pack_bf16(w13_bf16 + e * n13, 2 * I, H, 1, tmp);
+                memcpy(w13_bf16 + e * n13, tmp, n13 * 2);
+                mm_layout_pack_bf16(w2_bf16 + e * n2, H, I, 0, tmp);
+                memcpy(w2_bf16 + e * n2, tmp, n2 * 2);
+            }
+        }
+        free(scratch);
+    }
+    return ok;
 }

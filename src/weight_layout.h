@@ -73,6 +73,14 @@ void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t row
 void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out);
 void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out);
 
+/* Packs E experts of one rank in place (checkpoint layout in, kernel layout out, the same bytes):
+ * NVFP4 when w13 is not NULL (w13 [E, 2I, H/2] + w13_sf [E, 2I, H/16], w2 [E, H, I/2] + w2_sf
+ * [E, H, I/16]), else BF16 (w13_bf16 [E, 2I, H], w2_bf16 [E, H, I]). Experts in parallel on up to
+ * `threads` threads (OpenMP where built with it), each through a scratch of one expert's w13.
+ * Returns 0 if a scratch could not be allocated (some experts may then be packed, others not). */
+int mm_layout_pack_experts(uint8_t *w13, uint8_t *w13_sf, uint8_t *w2, uint8_t *w2_sf, uint16_t *w13_bf16,
+                           uint16_t *w2_bf16, int E, int64_t H, int64_t I, int threads);
+
 #ifdef __cplusplus
 }
 #endif

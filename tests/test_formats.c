@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -158,6 +159,58 @@ static void test_weight_layout_round_trip(void **state) {
     assert_int_equal(ps[(unit * 8 + 3) * 8 + 7], sf[row * (K / 16) + 4 * 2 + 3]);
 }
 
+/* mm_layout_pack_experts (finalize's in-place repack, experts on several threads) gives every expert
+ * exactly the bytes of the one-matrix packers, both formats, with more threads than experts too. */
+static void test_pack_experts_in_place(void **state) {
+    (void)state;
+    enum { E = 5, H = 256, I = 128 }; /* w13 [E, 256, 256], w2 [E, 256, 128] */
+    const size_t n13 = 2 * I * H, n2 = (size_t)H * I;
+    uint8_t *c13 = malloc(E * n13 / 2), *s13 = malloc(E * n13 / 16), *c2 = malloc(E * n2 / 2), *s2 = malloc(E * n2 / 16);
+    uint16_t *b13 = malloc(E * n13 * 2), *b2 = malloc(E * n2 * 2);
+    assert_non_null(c13 && s13 && c2 && s2 && b13 && b2);
+    for (int threads = 1; threads <= 8; threads += 7) {
+        uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)threads;
+        const size_t nbytes[6] = {E * n13 / 2, E * n13 / 16, E * n2 / 2, E * n2 / 16, E * n13 * 2, E * n2 * 2};
+        uint8_t *arrays[6] = {c13, s13, c2, s2, (uint8_t *)b13, (uint8_t *)b2};
+        for (int a = 0; a < 6; a++)
+            for (size_t i = 0; i < nbytes[a]; i++) {
+                x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+                arrays[a][i] = (uint8_t)((x * 0x2545F4914F6CDD1Dull) >> 56);
+            }
+        /* Expert e's expected bytes, packed one matrix at a time before the in-place pass. */
+        uint8_t *want = malloc(E * (n13 / 2 + n13 / 16 + n2 / 2 + n2 / 16 + n13 * 2 + n2 * 2));
+        assert_non_null(want);
+        uint8_t *p = want;
+        for (int e = 0; e < E; e++) {
+            mm_layout_pack_nvfp4(c13 + e * n13 / 2, s13 + e * n13 / 16, 2 * I, H, 1, p, p + n13 / 2);
+            p += n13 / 2 + n13 / 16;
+            mm_layout_pack_nvfp4(c2 + e * n2 / 2, s2 + e * n2 / 16, H, I, 0, p, p + n2 / 2);
+            p += n2 / 2 + n2 / 16;
+            mm_layout_pack_bf16(b13 + e * n13, 2 * I, H, 1, (uint16_t *)p);
+            p += n13 * 2;
+            mm_layout_pack_bf16(b2 + e * n2, H, I, 0, (uint16_t *)p);
+            p += n2 * 2;
+        }
+        assert_int_equal(mm_layout_pack_experts(c13, s13, c2, s2, NULL, NULL, E, H, I, threads), 1);
+        assert_int_equal(mm_layout_pack_experts(NULL, NULL, NULL, NULL, b13, b2, E, H, I, threads), 1);
+        p = want;
+        for (int e = 0; e < E; e++) {
+            assert_memory_equal(c13 + e * n13 / 2, p, n13 / 2);
+            assert_memory_equal(s13 + e * n13 / 16, p + n13 / 2, n13 / 16);
+            p += n13 / 2 + n13 / 16;
+            assert_memory_equal(c2 + e * n2 / 2, p, n2 / 2);
+            assert_memory_equal(s2 + e * n2 / 16, p + n2 / 2, n2 / 16);
+            p += n2 / 2 + n2 / 16;
+            assert_memory_equal(b13 + e * n13, p, n13 * 2);
+            p += n13 * 2;
+            assert_memory_equal(b2 + e * n2, p, n2 * 2);
+            p += n2 * 2;
+        }
+        free(want);
+    }
+    free(c13), free(s13), free(c2), free(s2), free(b13), free(b2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_e2m1_decode_all_codes),
@@ -167,6 +220,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_block_quantizer),
         cmocka_unit_test(test_weight_layout_round_trip),
+        cmocka_unit_test(test_pack_experts_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -260,17 +260,23 @@ static const char k_bench_help[] =
     "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
     "             8192^3 bf16 product with cuBLAS on an H200, measured).\n";
 
-/* Fills n bytes fast from a seed (xorshift64*, 8 bytes a step). */
+/* Fills n bytes fast from a seed: xorshift64*, 8 bytes a step, each 1 MB chunk from its own seed so
+ * the chunks fill in parallel (OpenMP) with the same bytes on any thread count. */
 static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
-        const uint64_t v = x * 0x2545F4914F6CDD1Dull;
-        memcpy(p + i, &v, 8);
+    const size_t chunk = (size_t)1 << 20, chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < chunks; c++) {
+        uint64_t x = (seed + c * 0x632BE59BD9B4E019ull) * 0x9E3779B97F4A7C15ull + 1;
+        const size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+        size_t i = c * chunk;
+        for (; i + 8 <= end; i += 8) {
+            x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+            const uint64_t v = x * 0x2545F4914F6CDD1Dull;
+            memcpy(p + i, &v, 8);
+        }
+        for (; i < end; i++)
+            p[i] = (uint8_t)(i * 131 + seed);
     }
-    for (; i < n; i++)
-        p[i] = (uint8_t)(i * 131 + seed);
 }
 
 /* Random stacked weights: any code byte, block scales in a moderate range, bf16 ~ N(0, 0.02). */
@@ -291,14 +297,16 @@ static int bench_load(megamoe_layer *layer, const megamoe_layer_config *c, uint6
         uint8_t *buf = malloc(bytes);
         if (!buf) return cli_fail("out of memory for %s", names[i]);
         fill_random(buf, bytes, seed + (uint64_t)i);
-        if (i >= 2)
+        if (i >= 2) {
+#pragma omp parallel for schedule(static)
             for (size_t j = 0; j < n; j++)
                 buf[j] = (uint8_t)(0x30 + (buf[j] & 15));
-        else if (!nvfp4)
-            for (size_t j = 0; j < n; j++) { /* bf16 with exponent 2^-7..2^-6: |w| ~ 0.01 */
-                uint16_t *w = (uint16_t *)buf;
+        } else if (!nvfp4) {
+            uint16_t *w = (uint16_t *)buf;
+#pragma omp parallel for schedule(static)
+            for (size_t j = 0; j < n; j++) /* bf16 with exponent 2^-7..2^-6: |w| ~ 0.01 */
                 w[j] = (uint16_t)((w[j] & 0x807F) | 0x3C00);
-            }
+        }
         t.data = buf;
         const megamoe_status st = megamoe_layer_load_weight(layer, names[i], &t);
         free(buf);

@@ -185,36 +185,6 @@ extern "C" void mm_cuda_layer_free(megamoe_layer *l) {
     l->device = NULL;
 }
 
-/* Repacks one local rank's experts into the kernel layout (weight_layout.h), in place of the
- * checkpoint-layout arrays, one expert at a time through a scratch of one expert. */
-static int repack_rank(mm_rank_weights *w, int E_r, int64_t H, int64_t I, int nvfp4) {
-    const size_t w13 = (size_t)(2 * I * H), w2 = (size_t)(H * I);
-    if (nvfp4) {
-        uint8_t *codes = (uint8_t *)malloc(w13 / 2), *sf = (uint8_t *)malloc(w13 / 16);
-        if (!codes || !sf) return free(codes), free(sf), 0;
-        for (int e = 0; e < E_r; e++) {
-            mm_layout_pack_nvfp4(w->w13 + e * w13 / 2, w->w13_sf + e * w13 / 16, 2 * I, H, 1, codes, sf);
-            memcpy(w->w13 + e * w13 / 2, codes, w13 / 2);
-            memcpy(w->w13_sf + e * w13 / 16, sf, w13 / 16);
-            mm_layout_pack_nvfp4(w->w2 + e * w2 / 2, w->w2_sf + e * w2 / 16, H, I, 0, codes, sf);
-            memcpy(w->w2 + e * w2 / 2, codes, w2 / 2);
-            memcpy(w->w2_sf + e * w2 / 16, sf, w2 / 16);
-        }
-        free(codes), free(sf);
-        return 1;
-    }
-    uint16_t *tmp = (uint16_t *)malloc(w13 * 2);
-    if (!tmp) return 0;
-    for (int e = 0; e < E_r; e++) {
-        mm_layout_pack_bf16(w->w13_bf16 + e * w13, 2 * I, H, 1, tmp);
-        memcpy(w->w13_bf16 + e * w13, tmp, w13 * 2);
-        mm_layout_pack_bf16(w->w2_bf16 + e * w2, H, I, 0, tmp);
-        memcpy(w->w2_bf16 + e * w2, tmp, w2 * 2);
-    }
-    free(tmp);
-    return 1;
-}
-
 extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     device_scope scope(device_of(l->group));
     const int R = l->group->local_ranks, E_r = l->experts_per_rank;
@@ -234,7 +204,10 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     for (int r = 0; r < R && st == MEGAMOE_OK; r++) {
         mm_rank_weights *w = &l->ranks[r];
         mm_dev_weights *d = &cl->host_weights[r];
-        if (!repack_rank(w, E_r, (int64_t)H, (int64_t)I, l->config.format == MEGAMOE_FORMAT_NVFP4)) {
+        /* Into the kernel layout (weight_layout.h), in place, experts on the group's CPU threads. */
+        const bool nv = l->config.format == MEGAMOE_FORMAT_NVFP4;
+        if (!mm_layout_pack_experts(nv ? w->w13 : NULL, w->w13_sf, w->w2, w->w2_sf, w->w13_bf16, w->w2_bf16, E_r,
+                                    (int64_t)H, (int64_t)I, l->group->num_threads)) {
             st = MEGAMOE_ERR_OUT_OF_MEMORY;
             break;
         }
