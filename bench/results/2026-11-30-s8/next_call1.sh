@@ -8,14 +8,7 @@
 # auto, racecheck main mma / wgmma. GPU 1: what the TMA token tiles changed (BF16 DSv3 and Qwen3,
 # NVFP4 Mixtral T = 128 / 512) and the kernel thresholds (each GEMM kernel forced). Both: the 2-GPU
 # pytest on main and gskip, EP2 DSv3 decode-to-mid T main / gskip. Logs in $OUT/logs.tar.gz.
-set -u
-OUT=${OUT:-device-out}
-L=$OUT/logs
-mkdir -p "$L"
-tar xJf .devpack/devbin.tar.xz
-. bench/device_env.sh
-start=$(date +%s)
-el() { echo $(( $(date +%s) - start )); }
+. bench/call_lib.sh
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 (
   export CUDA_VISIBLE_DEVICES=0
@@ -59,6 +52,4 @@ wait
       --inter 2048 --tokens 1,8,32,128,512,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$n dsv3 tmax 8192]:/" >> "$L/nccl.log"
   done
 ) > "$L/both.txt" 2>&1
-tar czf "$OUT/logs.tar.gz" -C "$OUT" logs
-cat "$L/gpu0.txt" "$L/gpu1.txt" "$L/both.txt"
-cat "$L/bench1.log" "$L/nccl.log" 2>/dev/null | grep -E "median|per layer" | sed -E 's/R=1 backend=cuda: //; s/ over 10//; s/ of touched expert weights//; s/, [0-9.]+ GB\/s.*experts\)//; s/\(slowest rank.s median\)//; s/ TFLOP.s.*//; s/backend=nccl: //' | cut -c1-110
+call_finish
