@@ -2,11 +2,13 @@
 # Prepared in session 8 for the first call of session 9 (nvidia-h200-x2; not yet run). Builds, here:
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-skip="
+#   bash bench/build_variants.sh "pfd@wip/prefetch-down=" "pfd0@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=0"
 #   bash bench/pack_devbin.sh
 # then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
 # GPU 0: test_gpu main with mma / wgmma / stream forced (the landed code ran auto, ws, ws64), gskip
 # auto, racecheck main mma / wgmma. GPU 1: what the TMA token tiles changed (BF16 DSv3 and Qwen3,
-# NVFP4 Mixtral T = 128 / 512) and the kernel thresholds (each GEMM kernel forced). Both: the 2-GPU
+# NVFP4 Mixtral T = 128 / 512), the kernel thresholds (each GEMM kernel forced), the down weights'
+# L2 prefetch at decode (pfd / pfd0 = its knob off, the same code otherwise). Both: the 2-GPU
 # pytest on main and gskip, EP2 DSv3 decode-to-mid T main / gskip. Logs in $OUT/logs.tar.gz.
 . bench/call_lib.sh
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
@@ -36,6 +38,13 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
   b main auto nvfp4 128,512 8 2 4096 14336
   for k in auto wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
   for k in wgmma ws; do b main $k nvfp4 512,2048,8192 128 8 2048 768; done
+  for n in pfd pfd0; do
+    for s in "128 8 2048 768" "256 8 7168 2048" "8 2 4096 14336"; do
+      set -- $s
+      timeout 40 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
+        --tokens 1,8,32 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench1.log"
+    done
+  done
   echo "bench1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
