@@ -95,7 +95,7 @@ int mm_layout_pack_experts(uint8_t *w13, uint8_t *w13_sf, uint8_t *w2, uint8_t *
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
-        uint8_t *scratch = malloc(scratch_bytes);
+        uint8_t *scratch = (uint8_t *)malloc(scratch_bytes); /* (a cast: dev/ compiles this file as C++) */
         if (!scratch) {
 #pragma omp atomic write
             ok = 0;
