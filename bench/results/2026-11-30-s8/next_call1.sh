@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 8 for the first call of session 9 (nvidia-h200-x2; not yet run). Builds, here:
 #   bash bench/stage_device.sh
-#   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-skip="
+#   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-cap="
 #   bash bench/build_variants.sh "pfd@wip/prefetch-down=" "pfd0@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=0"
 #   bash bench/pack_devbin.sh
 # then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
