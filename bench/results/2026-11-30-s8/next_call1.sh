@@ -7,9 +7,10 @@
 # then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
 # GPU 0: test_gpu main with mma / wgmma / stream forced (the landed code ran auto, ws, ws64), gskip
 # auto, racecheck main mma / wgmma. GPU 1: what the TMA token tiles changed (BF16 DSv3 and Qwen3,
-# NVFP4 Mixtral T = 128 / 512), the kernel thresholds (each GEMM kernel forced), the down weights'
-# L2 prefetch at decode (pfd / pfd0 = its knob off, the same code otherwise). Both: the 2-GPU
-# pytest on main and gskip, EP2 DSv3 decode-to-mid T main / gskip. Logs in $OUT/logs.tar.gz.
+# NVFP4 Mixtral T = 128 / 512), the kernel thresholds (each GEMM kernel forced; auto's figures are in
+# BENCHMARKS), the down weights' L2 prefetch at decode (pfd / pfd0 = its knob off, the same code
+# otherwise). Both: the 2-GPU pytest on gskip, EP2 DSv3 T = 1…512, 8192 on gskip. A second call:
+# the 2-GPU pytest on main (its new prefill case) and EP2 main at T = 32…512 for the threshold.
 . bench/call_lib.sh
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 (
@@ -33,11 +34,11 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
     timeout ${TL:-60} .devbin/megamoe bench --backend cuda --format $fmt --experts $1 --top-k $2 --hidden $3 --inter $4 \
       --tokens $tok --iters 10 --gemm $k 2>&1 | sed "s/^bench:/bench[$lab $k]:/" >> "$L/bench1.log"
   }
-  TL=120 b main auto bf16 128,2048,8192 256 8 7168 2048
-  b main auto bf16 128,512,2048,8192 128 8 2048 768
+  TL=120 b main auto bf16 2048,8192 256 8 7168 2048
+  b main auto bf16 2048,8192 128 8 2048 768
   b main auto nvfp4 128,512 8 2 4096 14336
-  for k in auto wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
-  for k in wgmma ws; do b main $k nvfp4 512,2048,8192 128 8 2048 768; done
+  for k in wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
+  b main ws nvfp4 512,2048,8192 128 8 2048 768
   for n in pfd pfd0; do
     for s in "128 8 2048 768" "256 8 7168 2048" "8 2 4096 14336"; do
       set -- $s
@@ -49,16 +50,14 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 ) > "$L/gpu1.txt" 2>&1 &
 wait
 (
-  for n in main gskip; do
-    left=$(( 450 - $(el) )); [ $left -gt 40 ] || { echo "multi-GPU $n: not run (time)"; continue; }
-    MEGAMOE_CLI=$(bin $n) timeout $(( left < 120 ? left : 120 )) python3 -m pytest -q -p no:cacheprovider -rs \
-      tests/py/test_multi_gpu.py > "$L/multi_gpu_$n.txt" 2>&1
-    echo "multi-GPU $n: $(tail -n 1 "$L/multi_gpu_$n.txt") at $(el) s"
-  done
-  for n in gskip main; do
-    left=$(( 585 - $(el) )); [ $left -gt 25 ] || break
-    timeout $(( left < 70 ? left : 70 )) "$(bin $n)" bench --gpus 2 --format nvfp4 --experts 256 --top-k 8 --hidden 7168 \
-      --inter 2048 --tokens 1,8,32,128,512,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$n dsv3 tmax 8192]:/" >> "$L/nccl.log"
-  done
+  left=$(( 480 - $(el) ))
+  if [ $left -gt 40 ]; then
+    MEGAMOE_CLI=.devbin/megamoe_gskip timeout $left python3 -m pytest -q -p no:cacheprovider -rs \
+      tests/py/test_multi_gpu.py > "$L/multi_gpu_gskip.txt" 2>&1
+    echo "multi-GPU gskip: $(tail -n 1 "$L/multi_gpu_gskip.txt") at $(el) s"
+  else echo "multi-GPU gskip: not run (time)"; fi
+  left=$(( 585 - $(el) ))
+  [ $left -gt 25 ] && timeout $left .devbin/megamoe_gskip bench --gpus 2 --format nvfp4 --experts 256 --top-k 8 \
+    --hidden 7168 --inter 2048 --tokens 1,8,32,128,512,8192 --iters 10 2>&1 | sed "s/^bench:/bench[gskip dsv3 tmax 8192]:/" >> "$L/nccl.log"
 ) > "$L/both.txt" 2>&1
 call_finish
