@@ -38,7 +38,7 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
   b main auto bf16 2048,8192 128 8 2048 768
   b main auto nvfp4 128,512 8 2 4096 14336
   for k in wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
-  b main ws nvfp4 512,2048,8192 128 8 2048 768
+  for k in ws ws64; do b main $k nvfp4 512,2048,8192 128 8 2048 768; done
   for n in pfd pfd0; do
     for s in "128 8 2048 768" "256 8 7168 2048" "8 2 4096 14336"; do
       set -- $s
