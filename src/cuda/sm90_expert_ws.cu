@@ -376,7 +376,11 @@ static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, 
     static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
         void *fn = NULL;
         cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
         const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+#else /* before 12.5: the unversioned lookup (the function's 12.0 form) */
+        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
         return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)fn : NULL;
     }();
     if (!encode)
