@@ -2,14 +2,15 @@
 # Prepared in session 8 for the first call of session 9 (nvidia-h200-x2; not yet run). Builds, here:
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-cap="
-#   bash bench/build_variants.sh "pfd@wip/prefetch-down=" "pfd0@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=0"
+#   bash bench/build_variants.sh "pfd@wip/prefetch-down=" "pfd0@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=0" \
+#     "pfd48@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=50331648"
 #   bash bench/pack_devbin.sh
 # then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
 # GPU 0: test_gpu main with mma / wgmma / stream forced (the landed code ran auto, ws, ws64), gskip
 # auto, racecheck main mma / wgmma. GPU 1: what the TMA token tiles changed (BF16 DSv3 and Qwen3,
 # NVFP4 Mixtral T = 128 / 512), the kernel thresholds (each GEMM kernel forced; auto's figures are in
 # BENCHMARKS), the down weights' L2 prefetch at decode (pfd / pfd0 = its knob off, the same code
-# otherwise). Both: the 2-GPU pytest on gskip, EP2 DSv3 T = 1…512, 8192 on gskip. A second call:
+# otherwise; pfd48 a 48 MB cap). Both: the 2-GPU pytest on gskip, EP2 DSv3 T = 1…512, 8192 on gskip. A second call:
 # the 2-GPU pytest on main (its new prefill case) and EP2 main at T = 32…512 for the threshold.
 . bench/call_lib.sh
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
@@ -39,7 +40,7 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
   b main auto nvfp4 128,512 8 2 4096 14336
   for k in wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
   for k in ws ws64; do b main $k nvfp4 512,2048,8192 128 8 2048 768; done
-  for n in pfd pfd0; do
+  for n in pfd pfd0 pfd48; do
     for s in "128 8 2048 768" "256 8 7168 2048" "8 2 4096 14336"; do
       set -- $s
       timeout 40 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
