@@ -10,8 +10,9 @@
 # auto, racecheck main mma / wgmma. GPU 1: what the TMA token tiles changed (BF16 DSv3 and Qwen3,
 # NVFP4 Mixtral T = 128 / 512), the kernel thresholds (each GEMM kernel forced; auto's figures are in
 # BENCHMARKS), the down weights' L2 prefetch at decode (pfd / pfd0 = its knob off, the same code
-# otherwise; pfd48 a 48 MB cap). Both: the 2-GPU pytest on gskip, EP2 DSv3 T = 1…512, 8192 on gskip. A second call:
-# the 2-GPU pytest on main (its new prefill case) and EP2 main at T = 32…512 for the threshold.
+# otherwise; pfd48 a 48 MB cap). Both: the 2-GPU pytest on gskip, EP2 DSv3 T = 1…512, 8192 on
+# gskip. A second call: the 2-GPU pytest on main (its new prefill case) and EP2 main at T = 32…512
+# for the threshold.
 . bench/call_lib.sh
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 (
