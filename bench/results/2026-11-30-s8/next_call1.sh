@@ -3,7 +3,7 @@
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-cap=" "xf@wip/ws-xf="
 #   bash bench/build_variants.sh "pfd@wip/prefetch-down=" "pfd0@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=0" \
-#     "pfd48@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=50331648"
+#     "pfd48@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=50331648"   (for next_call2.sh; one pack for both)
 #   bash bench/pack_devbin.sh
 # then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
 # GPU 0: test_gpu xf (wip/ws-xf, the NVFP4 ws transform variant) with ws forced, main with mma /
@@ -52,25 +52,15 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
   b main auto nvfp4 128,512 8 2 4096 14336
   for k in wgmma ws ws64; do b main $k nvfp4 256,512,1024 256 8 7168 2048; done
   for k in ws ws64; do b main $k nvfp4 512,2048,8192 128 8 2048 768; done
-  for n in pfd pfd0 pfd48; do
-    for s in "128 8 2048 768" "256 8 7168 2048" "8 2 4096 14336"; do
-      set -- $s
-      timeout 40 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
-        --tokens 1,8,32 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench1.log"
-    done
-  done
   echo "bench1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
 (
-  left=$(( 480 - $(el) ))
-  if [ $left -gt 40 ]; then
-    MEGAMOE_CLI=.devbin/megamoe_gskip timeout $left python3 -m pytest -q -p no:cacheprovider -rs \
-      tests/py/test_multi_gpu.py > "$L/multi_gpu_gskip.txt" 2>&1
-    echo "multi-GPU gskip: $(tail -n 1 "$L/multi_gpu_gskip.txt") at $(el) s"
-  else echo "multi-GPU gskip: not run (time)"; fi
-  left=$(( 585 - $(el) ))
-  [ $left -gt 25 ] && timeout $left .devbin/megamoe_gskip bench --gpus 2 --format nvfp4 --experts 256 --top-k 8 \
-    --hidden 7168 --inter 2048 --tokens 1,8,32,128,512,8192 --iters 10 2>&1 | sed "s/^bench:/bench[gskip dsv3 tmax 8192]:/" >> "$L/nccl.log"
+  left=$(( 570 - $(el) ))
+  if [ $left -gt 60 ]; then
+    MEGAMOE_CLI=.devbin/megamoe timeout $left python3 -m pytest -q -p no:cacheprovider -rs tests/py/test_multi_gpu.py \
+      > "$L/multi_gpu_main.txt" 2>&1
+    echo "multi-GPU main: $(tail -n 1 "$L/multi_gpu_main.txt") at $(el) s"
+  else echo "multi-GPU main: not run (time)"; fi
 ) > "$L/both.txt" 2>&1
 call_finish
