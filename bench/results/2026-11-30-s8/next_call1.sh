@@ -18,7 +18,7 @@
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 (
   export CUDA_VISIBLE_DEVICES=0
-  for run in "xf ws" "main mma" "main wgmma" "main stream" "gskip auto" "xf auto"; do
+  for run in "xf ws" "main mma" "main wgmma" "main stream" "gskip auto" "xf auto" "xf ws64"; do
     set -- $run
     tb=.devbin/test_gpu; [ $1 = main ] || tb=.devbin/test_gpu_$1
     left=$(( 400 - $(el) )); [ $left -gt 30 ] || { echo "test_gpu $1 $2: not run (time)"; continue; }
