@@ -1,24 +1,13 @@
 /*
- * dev_tma.cuh -- what the TMA / warpgroup-MMA experiments of dev/ share: 2D tensor maps with the
- * 128-byte swizzle (through the driver entry point, so no -lcuda), the 2D bulk tensor copy and the SS
- * wgmma m64n256; the descriptors and wgmma fences are the library's (sm90_gemm_common.cuh).
- * Not part of the library.
+ * dev_tma.cuh -- what the TMA / warpgroup-MMA experiments of dev/ share: the SS wgmma m64n256 and a
+ * tensor map that exits on failure; the 2D tensor maps and bulk tensor copy (sm90_async.cuh), the
+ * descriptors and wgmma fences (sm90_gemm_common.cuh) are the library's. Not part of the library.
  */
 #ifndef MEGAMOE_DEV_TMA_CUH
 #define MEGAMOE_DEV_TMA_CUH
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include "dev_util.cuh"
 #include "sm90_gemm_common.cuh" /* desc_sw128, wgmma_fence / commit / wait (build with -Iinclude -Isrc -Isrc/cuda) */
-
-/* Box (inner, outer) of the map at coordinates (inner, outer), completing on the mbarrier. */
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int inner, int outer, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(mm_smem_u32(dst)), "l"((uint64_t)map), "r"(inner), "r"(outer), "r"(mm_smem_u32(bar))
-                 : "memory");
-}
 
 /* d[128] (+)= A (64 x 16, shared memory, desc da) . B (256 x 16, shared memory, desc db)^T, both
  * K-major bf16, f32 accumulators (the m64n256 accumulator layout: thread t of the warpgroup holds rows
@@ -31,26 +20,10 @@ __device__ __forceinline__ void wgmma_256(float *d, uint64_t da, uint64_t db, in
           MM_ACC64(d), MM_ACC32(d, 64), MM_ACC32(d, 96)
                  : "l"(da), "l"(db), "r"(accumulate));
 }
-/* A [rows, K] matrix of 16-bit elements (K innermost) in boxes of 64 K x box_rows rows, 128-byte
- * swizzle: a box is a K-major wgmma operand for desc_sw128. */
+/* The library's tensor map (mm_tile_map_16bit, sm90_async.cuh), exiting on failure. */
 static CUtensorMap tile_map_16bit(void *base, uint64_t rows, uint64_t K, uint32_t box_rows, CUtensorMapDataType type) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
-    if (!encode) {
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q;
-        CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-        if (q != cudaDriverEntryPointSuccess || !fn) {
-            printf("cuTensorMapEncodeTiled not found\n");
-            exit(1);
-        }
-        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    }
     CUtensorMap m;
-    const cuuint64_t dims[2] = {K, rows}, strides[1] = {K * 2};
-    const cuuint32_t box[2] = {64, box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode(&m, type, 2, base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = mm_tile_map_16bit(&m, base, rows, K, box_rows, type);
     if (r != CUDA_SUCCESS) {
         printf("cuTensorMapEncodeTiled: error %d\n", (int)r);
         exit(1);

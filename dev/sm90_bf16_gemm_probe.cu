@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (kb >= STAGES) mm_mbar_wait_parity(&empty[s], ((kb / STAGES) - 1) & 1);
                 uint8_t *sa = smem + s * STAGE_BYTES, *sb = sa + A_BYTES;
                 mm_mbar_expect_tx(&full[s], STAGE_BYTES);
-                tma_load_2d(sa, &map_a, kb * BK, m0, &full[s]);
-                tma_load_2d(sb, &map_b, kb * BK, n0, &full[s]);
+                mm_tma_load_2d(sa, &map_a, kb * BK, m0, &full[s]);
+                mm_tma_load_2d(sb, &map_b, kb * BK, n0, &full[s]);
             }
         }
         return;

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 if (kc >= STAGES) mm_mbar_wait_parity(&empty[s], ((kc / STAGES) - 1) & 1);
                 uint8_t *st = smem + s * STAGE_BYTES;
                 mm_mbar_expect_tx(&full[s], STAGE_BYTES);
-                tma_load_2d(st, &map_x, kc * 64, n0, &full[s]);
+                mm_tma_load_2d(st, &map_x, kc * 64, n0, &full[s]);
                 for (int j = 0; j < 2; j++) {
                     const size_t unit0 = (size_t)mm_layout_unit(8 * (slab0 + j), 0, nkc);
                     uint8_t *dst = st + TOK_BYTES + j * SLAB_BYTES;

@@ -6,6 +6,9 @@
 #ifndef MEGAMOE_SM90_ASYNC_CUH
 #define MEGAMOE_SM90_ASYNC_CUH
 
+#include <cuda.h> /* CUtensorMap; the encoder comes through the runtime's driver entry point (no -lcuda) */
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 __device__ __forceinline__ uint32_t mm_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -60,6 +63,29 @@ __device__ __forceinline__ void mm_tma_load_2d(void *dst, const void *map, int i
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(mm_smem_u32(dst)), "l"((uint64_t)map), "r"(inner), "r"(outer), "r"(mm_smem_u32(bar))
                  : "memory");
+}
+
+/* Host: a 2D tensor map of rows x K 16-bit elements at base (K innermost), in boxes of 64 K x box_rows
+ * rows with the 128-byte swizzle (a box is a K-major wgmma operand for a 128-byte-swizzle
+ * descriptor). CUDA_ERROR_NOT_FOUND when the driver has no encoder to give. */
+static inline CUresult mm_tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, uint64_t K, uint32_t box_rows,
+                                         CUtensorMapDataType type) {
+    /* Looked up once (a thread-safe static: the CLI's NCCL ranks are threads). */
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+#else /* before 12.5: the unversioned lookup (the function's 12.0 form) */
+        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+        return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)fn : NULL;
+    }();
+    if (!encode) return CUDA_ERROR_NOT_FOUND;
+    const cuuint64_t dims[2] = {K, rows}, strides[1] = {K * 2};
+    const cuuint32_t box[2] = {64, box_rows}, estr[2] = {1, 1};
+    return encode(m, type, 2, base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 #endif /* MEGAMOE_SM90_ASYNC_CUH */

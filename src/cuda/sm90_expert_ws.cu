@@ -25,9 +25,6 @@
  * BF16 takes its A operand from shared memory instead (SS wgmma): a slab's K step is stored in the
  * K-major core-matrix order (weight_layout.h), so the bulk-copied 16 KB is the operand as it lands.
  */
-#include <cuda.h> /* CUtensorMap; the encoder comes through the runtime's driver entry point (no -lcuda) */
-#include <cudaTypedefs.h>
-
 #include "sm90_async.cuh"
 #include "sm90_gemm_common.cuh"
 
@@ -369,27 +366,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     });
 }
 
-/* rows x K 16-bit elements at base (K innermost), in boxes of 64 K x box_rows rows with the 128-byte
- * swizzle: a box is the ws kernel's token tile of one K step. */
+/* The token tiles' tensor map: a box is the ws kernel's token tile of one K step. */
 static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, uint64_t K, uint32_t box_rows) {
-    /* Looked up once (a thread-safe static: the CLI's NCCL ranks are threads). */
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q;
-#if CUDART_VERSION >= 12050
-        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-#else /* before 12.5: the unversioned lookup (the function's 12.0 form) */
-        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
-#endif
-        return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)fn : NULL;
-    }();
-    if (!encode)
+    const CUresult r = mm_tile_map_16bit(m, base, rows, K, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT16);
+    if (r == CUDA_ERROR_NOT_FOUND)
         return mm_cuda_error(cudaErrorNotSupported, "cuTensorMapEncodeTiled (driver entry point)", __FILE__, __LINE__);
-    const cuuint64_t dims[2] = {K, rows}, strides[1] = {K * 2};
-    const cuuint32_t box[2] = {BK, box_rows}, estr[2] = {1, 1};
-    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, base, dims, strides, box, estr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return mm_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
     return MEGAMOE_OK;
 }
