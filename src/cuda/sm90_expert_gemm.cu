@@ -225,7 +225,8 @@ static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, cons
 }
 
 /* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`
- * (with wsp K splits per rank in its grid, NVFP4), then the warp-specialized kernels when `ws64` (64-token blocks) and `ws`. */
+ * (with wsp K splits per rank in its grid, NVFP4), then the warp-specialized kernels when `ws64`
+ * (64-token blocks) and `ws`. */
 template <int PH>
 static megamoe_status launch_phase(int kernel, bool wgmma, bool ws64, bool ws, int wsp, dim3 grid, int sp, int tiles,
                                    long slots, const mm_dev_shape &sh, const mm_buffer_layout &L,

@@ -56,9 +56,9 @@ __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const 
     return t;
 }
 
-/* Column i of rank me's token tile whose slots start at `first` (mine = peers[me]): the slot's code (-1 from ncols on), its home
- * rank and token (gate/up: its gate_up_source; 0 for -1), and in *scale the token's activation scale s for the NVFP4 gate/up (1
- * otherwise). */
+/* Column i of rank me's token tile whose slots start at `first` (mine = peers[me]): the slot's code
+ * (-1 from ncols on), its home rank and token (gate/up: its gate_up_source; 0 for -1), and in *scale
+ * the token's activation scale s for the NVFP4 gate/up (1 otherwise). */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const uint8_t *mine, int me, int first, int ncols, int i,

@@ -5,9 +5,11 @@
  * device, so a forward needs no host synchronization.
  *   count: one block per (local expert, rank); tiles: one block per rank; fill: like count;
  *   small: all three in one kernel for forwards of few slots in one process.
- * With ranks on several GPUs (NCCL) the gather kernel then copies each routed slot's gate/up input
- * row and scale from its home rank into this rank's slot-ordered copy (L.xg), once, so the GEMM
- * kernels read local rows instead of re-reading remote ones over NVLink for every row block.
+ * For the forwards that gather (sh.gathered: across GPUs always, on one GPU when the warp-specialized
+ * kernels take gate/up) the gather kernel then copies each routed slot's gate/up input row and scale
+ * from its home rank into the rank's slot-ordered copy (L.xg), once: across GPUs the GEMM kernels
+ * then read local rows instead of re-reading remote ones over NVLink for every row block, and the
+ * warp-specialized kernels' token tiles are consecutive rows (one TMA box).
  */
 #include "common.cuh"
 
@@ -151,9 +153,9 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     return MEGAMOE_OK;
 }
 
-/* One warp per slot row of rank first_rank + blockIdx.y (rows walked by the grid): the row's H 16-bit values (x_f16 for
- * NVFP4, x for BF16) from the token's home rank to row `row` of xg, and its scale s to xg_scale. The
- * copies are exact, so y does not depend on whether a rank gathered. */
+/* One warp per slot row of rank first_rank + blockIdx.y (rows walked by the grid): the row's H 16-bit
+ * values (x_f16 for NVFP4, x for BF16) from the token's home rank to row `row` of xg, and its scale s to xg_scale.
+ * The copies are exact, so y does not depend on whether a rank gathered. */
 #define GATHER_THREADS 256
 #define GATHER_UNROLL 4
 __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L,
