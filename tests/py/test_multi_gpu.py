@@ -12,6 +12,12 @@ import pytest
 import mmref as mr
 from test_layer_reference import TOL, check_rows
 
+# The GPU's y against the float64 reference: the CPU backend's bounds (TOL), but BF16 at 1e-3 rather
+# than 5e-4 -- tensor-core f32 accumulation differs from float64 a little more than the CPU's ordered
+# f32 sums, and a = bf16_rn(...) turns a difference d into about sqrt(d * 2^-8) in y (measured 5.4e-4
+# at H = I = 2048; docs/TESTING.md "Tolerances").
+TOL_GPU = {**TOL, "bf16": 1e-3}
+
 
 def visible_gpus():
     if not shutil.which("nvidia-smi"):
@@ -46,7 +52,7 @@ def run_all(tmp_path, model, x, ids, w, pad, gpu_counts=GPU_COUNTS):
     ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"])
     live = np.isfinite(ref).all(axis=1)
     err = mr.rel_l2(y_ref.astype(np.float64)[live], mr.bf16_round(ref[live]))
-    assert err <= TOL[model["format"]], f"relative L2 {err:.2e}"
+    assert err <= TOL_GPU[model["format"]], f"relative L2 {err:.2e} over {TOL_GPU[model['format']]}"
     return y_ref
 
 
