@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shap
                                                                      uint8_t *const *peers) {
     mm_wait_previous();
     uint8_t *mine = peers[sh.first_rank + blockIdx.y];
+    if (!rank_gathered(sh, L, mine)) return; /* across GPUs: few slot rows, read where they are */
     const int lane = threadIdx.x & 31, warps = GATHER_THREADS / 32;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r], chunks = sh.H / 8;
     const uint64_t src_rows = sh.nvfp4 ? L.x_f16 : L.x;
