@@ -55,11 +55,13 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
 
 /* Whether the rank whose buffer is `mine` reads its gathered copy in this forward: the host's choice in
  * one process (it knows the group's count), across GPUs also the rank's own slot count (known on the
- * device after routing; the same answer in every kernel of the forward, as they read the same count). */
+ * device after routing; the same answer in every kernel of the forward, as they read the same count),
+ * and never beyond the rows the copy holds. */
 __device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *mine) {
     if (!sh.gathered) return false;
-    if (sh.local_ranks == sh.R) return true;
-    return ((const int32_t *)(mine + L.expert_offset))[sh.E_r] >= MM_GATHER_MIN_SLOTS;
+    const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r];
+    if (n > L.xg_rows) return false; /* more than the copy holds (MM_GATHER_CAP): rows in place */
+    return sh.local_ranks == sh.R || n >= MM_GATHER_MIN_SLOTS;
 }
 
 /* One rank's weights on the device (checkpoint layout, see mm_rank_weights). */

@@ -389,9 +389,9 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
     memset(&map, 0, sizeof map);
     const int tma = sh.local_ranks == 1 && (PH == PHASE_DOWN || sh.gathered);
     if (tma) {
-        const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K;
+        const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K; /* act: every slot of the rank */
         const megamoe_status st = PH == PHASE_DOWN ? tile_map_16bit(&map, base0 + L.act, rows, sh.I, NTOK)
-                                                   : tile_map_16bit(&map, base0 + L.xg, rows, sh.H, NTOK);
+                                                   : tile_map_16bit(&map, base0 + L.xg, (uint64_t)L.xg_rows, sh.H, NTOK);
         if (st != MEGAMOE_OK) return st;
     }
     if (loop)

@@ -193,7 +193,7 @@ megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout
     int sms = 0;
     MM_CUDA_TRY(mm_device_sms(&sms));
     /* Enough warps for every slot row the rank can hold, at most 4 blocks per SM. */
-    const long rows = (long)sh.R * sh.T_max * sh.K, warps = GATHER_THREADS / 32;
+    const long rows = L.xg_rows, warps = GATHER_THREADS / 32;
     const long want = (rows + warps - 1) / warps;
     const dim3 grid((unsigned)(want < 4L * sms ? want : 4L * sms), sh.local_ranks);
     MM_CUDA_TRY(mm_launch(sm90_gather_kernel, grid, GATHER_THREADS, 0, s, sh, L, peers));
