@@ -228,10 +228,12 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         l->act = off;
         off = align_up(off + slots * I * 2, A);
         if (gather) {
+            const uint64_t rows = (R < MM_GATHER_CAP ? R : MM_GATHER_CAP) * T * K;
+            l->xg_rows = (int)rows;
             l->xg = off;
-            off = align_up(off + slots * H * 2, A);
+            off = align_up(off + rows * H * 2, A);
             l->xg_scale = off;
-            off = align_up(off + slots * 4, A);
+            off = align_up(off + rows * 4, A);
         }
         l->error = off;
         off = align_up(off + 16, A);

@@ -43,15 +43,16 @@ typedef struct mm_buffer_layout {
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
-    uint64_t xg;              /* api.c gathers(), else 0: [R*T_max*K, H] 16-bit gate/up input by     */
+    uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
-    uint64_t xg_scale;        /* gathered, NVFP4: [R*T_max*K] f32 the slot's token scale s             */
+    uint64_t xg_scale;        /* gathered, NVFP4: [xg_rows] f32 the slot's token scale s               */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
     uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
     uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */
     int max_tiles;            /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
+    int xg_rows;              /* slot rows xg holds: min(R, MM_GATHER_CAP) * T_max * K (0: none)      */
     uint64_t total;           /* bytes per rank                                                     */
 } mm_buffer_layout;
 
@@ -65,6 +66,12 @@ enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
  * ranks too), 0 none. */
 #ifndef MM_GATHER
 #define MM_GATHER -1
+#endif
+/* The gathered copy holds MM_GATHER_CAP times a rank's balanced share of slots (T_max * K) at most,
+ * not the R times of every slot on one rank: a forward whose rank received more reads its rows in
+ * place (the same y). EP8 DSv3 T_max 8192: 1.9 GB per rank instead of 7.5. */
+#ifndef MM_GATHER_CAP
+#define MM_GATHER_CAP 2
 #endif
 
 /* The byte layout of one rank's buffer. `device` adds the routing and activation regions a device

@@ -29,8 +29,15 @@ struct mm_dev_shape {
     int has_norm;
     float clamp;    /* 0 = off */
     float eps;
-    int gathered;   /* this forward's gate/up reads the slot-ordered copy L.xg (sm90_gather_kernel) */
+    int gathered;   /* this forward gathers the gate/up input into L.xg (sm90_gather_kernel): see rank_gathered */
 };
+
+/* Across GPUs a rank gathers only from this many slot rows on: below, its gate/up reads the few remote
+ * rows where they are (the gather kernel's copy and launch cost more at decode; session 8 call 4: EP2
+ * DSv3 T = 1 0.1835 -> 0.1930 ms with the copy on every forward). */
+#ifndef MM_GATHER_MIN_SLOTS
+#define MM_GATHER_MIN_SLOTS 1024
+#endif
 
 /* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */
 struct slot_info {
@@ -44,6 +51,17 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
     s.token = rem / sh.K;
     s.slot = rem - s.token * sh.K;
     return s;
+}
+
+/* Whether the rank whose buffer is `mine` reads its gathered copy in this forward: the host's choice in
+ * one process (it knows the group's count), across GPUs also the rank's own slot count (known on the
+ * device after routing; the same answer in every kernel of the forward, as they read the same count),
+ * and never beyond the rows the copy holds. */
+__device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *mine) {
+    if (!sh.gathered) return false;
+    const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r];
+    if (n > L.xg_rows) return false; /* more than the copy holds (MM_GATHER_CAP): rows in place */
+    return sh.local_ranks == sh.R || n >= MM_GATHER_MIN_SLOTS;
 }
 
 /* One rank's weights on the device (checkpoint layout, see mm_rank_weights). */

@@ -60,7 +60,7 @@ struct b_raw {
  * way, 4 per thread (piece = tid + 128 * i); row = piece >> shift with shift = log2(8 * kch). */
 template <int PHASE>
 __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                       uint8_t *const *peers, const uint8_t *mine, const int *col_src,
+                                       uint8_t *const *peers, const uint8_t *mine, bool gth, const int *col_src,
                                        const int *col_token, int first, int ncols, int k0, int k_end, int shift) {
     for (int i = 0; i < 4; i++) {
         const int chunk = threadIdx.x + 128 * i, row = chunk >> shift, q = chunk & ((1 << shift) - 1);
@@ -70,7 +70,7 @@ __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const m
         if (PHASE == PHASE_DOWN) {
             r.v[i] = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + row) * sh.I + k);
         } else { /* NVFP4: decoded once by the stage kernel (biased f16, exact); BF16: x (gate_up_rows) */
-            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + gate_up_rows(sh, L)) + (size_t)col_token[row] * sh.H + k);
+            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + gate_up_rows(sh, L, gth)) + (size_t)col_token[row] * sh.H + k);
         }
     }
 }
@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
     for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)Bs)[i] = make_uint4(0, 0, 0, 0);
-    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, r, first, ncols, col_code, col_src, col_token, col_scale);
+    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, gth, r, first, ncols, col_code, col_src, col_token, col_scale);
     __syncthreads();
 
     const uint8_t *codes = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
     }
-    load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, kc0 * BK, kc1 * BK, shift);
+    load_b<PHASE>(br, sh, L, peers, mine, gth, col_src, col_token, first, ncols, kc0 * BK, kc1 * BK, shift);
     store_b(br, ncols, Bs, ldb, shift, (kc1 - kc0) * BK);
     __syncthreads();
 
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     for (int kb = kc0; kb < kc1; kb += kch, buf ^= 1) {
         const int kb_end = min(kb + kch, kc1);
         if (kb_end < kc1)
-            load_b<PHASE>(br, sh, L, peers, mine, col_src, col_token, first, ncols, kb_end * BK, kc1 * BK, shift);
+            load_b<PHASE>(br, sh, L, peers, mine, gth, col_src, col_token, first, ncols, kb_end * BK, kc1 * BK, shift);
         for (int kc = kb; kc < kb_end; kc++) {
             a_raw<nvfp4> cur[GROUPS_PER_WARP];
             if constexpr (nvfp4) {

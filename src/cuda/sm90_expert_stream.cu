@@ -134,9 +134,10 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 if (PHASE == PHASE_DOWN) {
                     xsrc = mine + L.act + (size_t)(row0 + lane) * sh.I * 2;
                 } else {
-                    const slot_info si = gate_up_source(sh, L, sh.first_rank + r, code, row0 + lane);
-                    xsrc = peers[si.src] + gate_up_rows(sh, L) + (size_t)si.token * sh.H * 2;
-                    scale = ((const float *)(peers[si.src] + gate_up_scales(sh, L)))[si.token];
+                    const bool gth = rank_gathered(sh, L, mine);
+                    const slot_info si = gate_up_source(sh, gth, sh.first_rank + r, code, row0 + lane);
+                    xsrc = peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
+                    scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
                 }
             }
             const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128;
@@ -225,8 +226,9 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
             const int code = lane < nc ? ((const int32_t *)(mine + L.slots))[first + lane] : -1;
             float scale = 1.0f;
             if (PHASE == PHASE_GATE_UP && code >= 0) {
-                const slot_info si = gate_up_source(sh, L, sh.first_rank + h.r, code, first + lane);
-                scale = ((const float *)(peers[si.src] + gate_up_scales(sh, L)))[si.token];
+                const bool gth = rank_gathered(sh, L, mine);
+                const slot_info si = gate_up_source(sh, gth, sh.first_rank + h.r, code, first + lane);
+                scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
             }
             col_code[lane] = code;
             col_scale[lane] = scale;

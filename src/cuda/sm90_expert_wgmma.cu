@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const mm_dev_weights W = weights[r - sh.first_rank];
+    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
 
     auto one_tile = [&](int tile) {
     const tile_info ti = load_tile(L, mine, tile);
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     uint8_t *bring = smem;
     uint8_t *aring = smem + WG_STAGES * B_SLOT + warp * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
     for (int i = tid; i < WG_STAGES * B_SLOT / 16; i += WG_THREADS) ((uint4 *)bring)[i] = make_uint4(0, 0, 0, 0);
-    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, r, first, ncols, col_code, col_src, col_token, col_scale);
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, gth, r, first, ncols, col_code, col_src, col_token, col_scale);
     __syncthreads();
 
     /* This thread's two 16-byte pieces of each step's token tile: piece i -> token (i >> 1) & 63,
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
         const uint16_t *row = NULL;
         if (tok < ncols) {
             if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(first + tok) * sh.I;
-            else row = (const uint16_t *)(peers[col_src[tok]] + gate_up_rows(sh, L)) + (size_t)col_token[tok] * sh.H;
+            else row = (const uint16_t *)(peers[col_src[tok]] + gate_up_rows(sh, L, gth)) + (size_t)col_token[tok] * sh.H;
         }
         bsrc[h] = row ? row + kq * 8 : NULL;
     }

@@ -174,6 +174,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
     const int me = sh.first_rank + (int)blockIdx.z;
     uint8_t *mine = peers[me];
+    /* Gate/up: this rank's gathered copy (then the token tile by TMA where the host made the map). */
+    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+    const bool tma = tok_tma && (PHASE == PHASE_DOWN || gth);
     const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
     const int ntiles = min(tiles, num_tiles), nitems = nrb * ntiles;
     ws_item only = {0, 0, 0, 0}; /* LOOP false: the block's item */
@@ -194,7 +197,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
      * activation scale. LOOP: the producer writes each item's; else the block's only item, here. */
     auto fill_column = [&](const ws_item &it, int i, int buf) {
         slot_info si;
-        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, me, it.first, it.ncols, i, &si, &col_scale[buf][i]);
+        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, gth, me, it.first, it.ncols, i, &si, &col_scale[buf][i]);
     };
     if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
     if (tid == 0) {
@@ -234,13 +237,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             /* LOOP: the item's columns; the consumers read them after their wait on the stages'
              * `full`, on which every producer thread arrives after these stores. */
             if (LOOP && t < NTOK) fill_column(it, t, buf);
-            const int code = t < NTOK && !tok_tma ? col_code[buf][t] : -1;
+            const int code = t < NTOK && !tma ? col_code[buf][t] : -1;
             const uint16_t *row = NULL;
             if (code >= 0) {
                 if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
                 else {
-                    const slot_info si = gate_up_source(sh, L, me, code, it.first + t);
-                    row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L)) + (size_t)si.token * sh.H;
+                    const slot_info si = gate_up_source(sh, gth, me, code, it.first + t);
+                    row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L, gth)) + (size_t)si.token * sh.H;
                 }
             }
             /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
@@ -256,10 +259,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                     mm_mbar_wait_parity(&empty[s], LOOP ? pos.ph ^ 1u : ((kc / C::stages) - 1) & 1);
                 uint8_t *st = smem + s * C::stage_bytes;
                 if (t == 0) {
-                    mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes + (tok_tma ? C::tok_bytes : 0));
+                    mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes + (tma ? C::tok_bytes : 0));
                     /* Rows past the item (the next expert's, or past the matrix: zeros) fill columns
                      * the epilogue never stores; a wgmma column does not mix with the others. */
-                    if (tok_tma) mm_tma_load_2d(st, &tok_map, kc * BK, it.first, &full[s]);
+                    if (tma) mm_tma_load_2d(st, &tok_map, kc * BK, it.first, &full[s]);
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
@@ -272,7 +275,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                         }
                     }
                 }
-                if (tok_tma) { /* every producer thread arrives, as with copies of its own */
+                if (tma) { /* every producer thread arrives, as with copies of its own */
                     mm_mbar_arrive(&full[s]);
                     if (LOOP) pos.next();
                     continue;
@@ -291,7 +294,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 }
                 if (LOOP) pos.next();
             }
-            if (tok_tma) return;
+            if (tma) return;
             cp_async_wait<0>();
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             for (int d = min(WS_LAG, nkc); d >= 1; d--) /* steps nkc - d */
@@ -386,9 +389,9 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
     memset(&map, 0, sizeof map);
     const int tma = sh.local_ranks == 1 && (PH == PHASE_DOWN || sh.gathered);
     if (tma) {
-        const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K;
+        const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K; /* act: every slot of the rank */
         const megamoe_status st = PH == PHASE_DOWN ? tile_map_16bit(&map, base0 + L.act, rows, sh.I, NTOK)
-                                                   : tile_map_16bit(&map, base0 + L.xg, rows, sh.H, NTOK);
+                                                   : tile_map_16bit(&map, base0 + L.xg, (uint64_t)L.xg_rows, sh.H, NTOK);
         if (st != MEGAMOE_OK) return st;
     }
     if (loop)

@@ -27,18 +27,15 @@ enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
 /* Where a gate/up column reads its 16-bit activation row and (NVFP4) its scale s: the staged token on
  * its home rank (x_f16 or x, and x_scale, at row `token` of peers[src]), or where the ranks gathered
- * (sh.gathered) rank me's own copy at the slot's row (L.xg, sm90_gather_kernel). */
-__device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, const mm_buffer_layout &L, int me,
-                                                    int code, int row) {
-    if (sh.gathered) return {me, row, 0};
+ * (g = rank_gathered) rank me's own copy at the slot's row (L.xg, sm90_gather_kernel). */
+__device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, bool g, int me, int code, int row) {
+    if (g) return {me, row, 0};
     return decode_slot(sh, code);
 }
-__device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L) {
-    return sh.gathered ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
+__device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L, bool g) {
+    return g ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
 }
-__device__ __forceinline__ uint64_t gate_up_scales(const mm_dev_shape &sh, const mm_buffer_layout &L) {
-    return sh.gathered ? L.xg_scale : L.x_scale;
-}
+__device__ __forceinline__ uint64_t gate_up_scales(const mm_buffer_layout &L, bool g) { return g ? L.xg_scale : L.x_scale; }
 
 /* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)
  * and its tokens (at most MM_TILE_TOKENS). */
@@ -61,12 +58,12 @@ __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const 
  * the token's activation scale s for the NVFP4 gate/up (1 otherwise). */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                           const uint8_t *mine, int me, int first, int ncols, int i,
+                                           const uint8_t *mine, bool g, int me, int first, int ncols, int i,
                                            slot_info *si, float *scale) {
     const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
     *si = {0, 0, 0};
-    if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, L, me, code, first + i) : decode_slot(sh, code);
-    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(sh, L)))[si->token]
+    if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, g, me, code, first + i) : decode_slot(sh, code);
+    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(L, g)))[si->token]
                                                           : 1.0f;
     return code;
 }
@@ -74,12 +71,12 @@ __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buff
 /* The token tile's columns, by threads 0..63 (tile_column). The caller synchronizes. */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ void tile_columns(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                             const uint8_t *mine, int me, int first, int ncols, int *col_code, int *col_src,
+                                             const uint8_t *mine, bool g, int me, int first, int ncols, int *col_code, int *col_src,
                                              int *col_token, float *col_scale) {
     const int tid = threadIdx.x;
     if (tid < MM_TILE_TOKENS) {
         slot_info si;
-        col_code[tid] = tile_column<PHASE, nvfp4>(sh, L, peers, mine, me, first, ncols, tid, &si, &col_scale[tid]);
+        col_code[tid] = tile_column<PHASE, nvfp4>(sh, L, peers, mine, g, me, first, ncols, tid, &si, &col_scale[tid]);
         col_src[tid] = si.src;
         col_token[tid] = si.token;
     }

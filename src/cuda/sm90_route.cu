@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shap
                                                                      uint8_t *const *peers) {
     mm_wait_previous();
     uint8_t *mine = peers[sh.first_rank + blockIdx.y];
+    if (!rank_gathered(sh, L, mine)) return; /* across GPUs: few slot rows, read where they are */
     const int lane = threadIdx.x & 31, warps = GATHER_THREADS / 32;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r], chunks = sh.H / 8;
     const uint64_t src_rows = sh.nvfp4 ? L.x_f16 : L.x;
@@ -192,7 +193,7 @@ megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout
     int sms = 0;
     MM_CUDA_TRY(mm_device_sms(&sms));
     /* Enough warps for every slot row the rank can hold, at most 4 blocks per SM. */
-    const long rows = (long)sh.R * sh.T_max * sh.K, warps = GATHER_THREADS / 32;
+    const long rows = L.xg_rows, warps = GATHER_THREADS / 32;
     const long want = (rows + warps - 1) / warps;
     const dim3 grid((unsigned)(want < 4L * sms ? want : 4L * sms), sh.local_ranks);
     MM_CUDA_TRY(mm_launch(sm90_gather_kernel, grid, GATHER_THREADS, 0, s, sh, L, peers));
