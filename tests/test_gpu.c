@@ -235,6 +235,9 @@ static void test_grid_small(void **state) {
         {8, 2, 256, 256, 1, 1, 0},     {8, 2, 256, 256, 77, 128, 0},  {8, 2, 256, 256, 128, 128, 0},
         {8, 4, 256, 512, 0, 16, 0},    {16, 1, 512, 768, 33, 40, 0},  {8, 8, 256, 256, 50, 64, 0},
         {8, 2, 256, 256, 200, 200, 1}, {256, 8, 256, 256, 64, 64, 0},
+        /* Every token of R = 4, 8 ranks on rank 0's expert 1: 256 slot rows, more than the gathered
+         * copy holds (MM_GATHER_CAP * T_max * K = 128), so a gathering build reads them in place. */
+        {8, 1, 256, 256, 256, 64, 1},
     };
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
