@@ -206,7 +206,7 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         megamoe_group_destroy(g);
     }
 #ifdef MEGAMOE_HAVE_NCCL
-    if (g_have_comm && y_first) { /* the NCCL backend, one rank: bitwise equal to the CUDA backend */
+    if (g_have_comm && y_first && gc->T <= gc->T_max) { /* the NCCL backend, one rank: bitwise equal to the CUDA backend */
         make_layer(&m, MEGAMOE_BACKEND_NCCL, 1, &g, &l);
         uint16_t *y = gpu_run(g, l, &in, &d);
         char what[160];
