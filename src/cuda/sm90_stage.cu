@@ -93,17 +93,23 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     mm_wait_previous();
     stage_token(sh, L, base, err_base, rank, a);
     if (route_blocks == 0) return;
-    __shared__ int last;
-    __threadfence(); /* this thread's staged bytes before the arrival below */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *arrivals = (unsigned *)(err_base + L.stage_arrivals);
-        last = atomicAdd(arrivals, 1u) == (unsigned)route_blocks - 1;
-        if (last) *arrivals = 0; /* ready for the next forward */
+    if (route_blocks == 1) {
+        /* The only block (one token on one rank): no other block to count, and its own staged bytes
+         * are visible to all its threads after the barrier -- no fence, no returning atomic. */
+        __syncthreads();
+    } else {
+        __shared__ int last;
+        __threadfence(); /* this thread's staged bytes before the arrival below */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned *arrivals = (unsigned *)(err_base + L.stage_arrivals);
+            last = atomicAdd(arrivals, 1u) == (unsigned)route_blocks - 1;
+            if (last) *arrivals = 0; /* ready for the next forward */
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
     extern __shared__ int hist[];
     route_few_block(sh, L, peers, hist);
 }
