@@ -41,7 +41,13 @@
 #define ST_META (ST_COLS * 8)        /* per token of a chunk's first step: its slot code and scale */
 #define ST_SLOT (ST_CODES + ST_SCALES + ST_META) /* one ring slot's weights and column table */
 #ifndef ST_XG
-#define ST_XG 2 /* K steps per activation copy: ST_XG neighbouring slots share one region of token rows */
+#define ST_XG 4 /* K steps per activation copy: ST_XG neighbouring slots share one region of token rows */
+#endif
+#ifndef ST_XG_MIN_COLS
+#define ST_XG_MIN_COLS 3 /* chunks of fewer tokens copy per step: the group's copy waits for the slot of
+                          * its last step, ST_XG - 1 steps less lookahead (H200, session 9 call 6, all
+                          * chunks grouped by 4: DSv3 T = 8 / 32, ~1 token per expert, 3% slower; T = 256
+                          * and Mixtral T = 32, 8 tokens, 10-12% faster) */
 #endif
 #define ST_XROW (ST_XG * 128 + 16)   /* a token's ST_XG K steps, 16 B of padding: conflict-free B reads */
 #define ST_XREGION (ST_COLS * ST_XROW)
@@ -159,9 +165,9 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                  * group's first step (or the chunk's first, mid-group) for the steps up to the group's
                  * end or the chunk's: their bytes complete on this step's barrier, which the consumers
                  * wait on before the later steps'. The region is rewritten only once the last step
-                 * it held before is released. */
+                 * it held before is released. Chunks of few tokens copy each step's rows alone. */
                 const int gpos = n % ST_XG;
-                const int xsteps = gpos == 0 || kc == kc0 ? min(ST_XG - gpos, kc1 - kc) : 0;
+                const int xsteps = nc < ST_XG_MIN_COLS ? 1 : gpos == 0 || kc == kc0 ? min(ST_XG - gpos, kc1 - kc) : 0;
                 take_slot(slot);
                 if (xsteps > 1) wait_free(n + xsteps - 1);
                 uint8_t *dst = ring + slot * ST_SLOT;
