@@ -38,19 +38,8 @@
 #define ST_COLS 16                   /* tokens per chunk */
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
-#define ST_META (ST_COLS * 8)        /* per token of a chunk's first step: its slot code and scale */
-#define ST_SLOT (ST_CODES + ST_SCALES + ST_META) /* one ring slot's weights and column table */
-#ifndef ST_XG
-#define ST_XG 4 /* K steps per activation copy: ST_XG neighbouring slots share one region of token rows */
-#endif
-#ifndef ST_XG_MIN_COLS
-#define ST_XG_MIN_COLS 3 /* chunks of fewer tokens copy per step: the group's copy waits for the slot of
-                          * its last step, ST_XG - 1 steps less lookahead (H200, session 9 call 6, all
-                          * chunks grouped by 4: DSv3 T = 8 / 32, ~1 token per expert, 3% slower; T = 256
-                          * and Mixtral T = 32, 8 tokens, 10-12% faster) */
-#endif
-#define ST_XROW (ST_XG * 128 + 16)   /* a token's ST_XG K steps, 16 B of padding: conflict-free B reads */
-#define ST_XREGION (ST_COLS * ST_XROW)
+#define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
+#define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
 #ifndef MM_STREAM_UNROLL
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (H200, 2026-11-29: 4 beat 1 by 2-7% at DSv3 T = 8-128) */
 #endif
@@ -65,17 +54,11 @@
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
-#define ST_SMEM (ST_STAGES * ST_SLOT + ST_STAGES / ST_XG * ST_XREGION)
+#define ST_SMEM (ST_STAGES * ST_SLOT)
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
 
 static_assert(ST_XROW % 16 == 0 && (ST_XROW / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
-static_assert(ST_STAGES % ST_XG == 0 && ST_SLOT % 16 == 0, "whole groups of slots, 16-byte aligned regions");
-
-/* Where a ring slot's token rows are: its group's region, the slot's 128 B within each row. */
-__device__ __forceinline__ uint8_t *st_xrows(uint8_t *ring, int slot) {
-    return ring + ST_STAGES * ST_SLOT + (slot / ST_XG) * ST_XREGION + (slot % ST_XG) * 128;
-}
 static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
 
 __device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -125,12 +108,10 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     const int lane = threadIdx.x & 31;
     const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
     int n = 0; /* steps issued */
-    /* Waits until the consumers have released the step that used step m's slot before it. */
-    auto wait_free = [&](int m) {
-        if (m >= ST_STAGES && lane == 0) mm_mbar_wait_parity(&empty[m % ST_STAGES], ((m / ST_STAGES) - 1) & 1);
+    auto take_slot = [&](int slot) {
+        if (n >= ST_STAGES && lane == 0) mm_mbar_wait_parity(&empty[slot], ((n / ST_STAGES) - 1) & 1);
         __syncwarp();
     };
-    auto take_slot = [&](int slot) { wait_free(n); (void)slot; };
     for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
         int r, tile, y, split;
         st_item(i, base, sh.local_ranks, p, r, tile, y, split);
@@ -159,23 +140,15 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
                 }
             }
+            const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128;
             for (int kc = kc0; kc < kc1; kc++, n++) {
                 const int slot = n % ST_STAGES;
-                /* The token rows of a group of ST_XG slots come in one copy per token, issued with the
-                 * group's first step (or the chunk's first, mid-group) for the steps up to the group's
-                 * end or the chunk's: their bytes complete on this step's barrier, which the consumers
-                 * wait on before the later steps'. The region is rewritten only once the last step
-                 * it held before is released. Chunks of few tokens copy each step's rows alone. */
-                const int gpos = n % ST_XG;
-                const int xsteps = nc < ST_XG_MIN_COLS ? 1 : gpos == 0 || kc == kc0 ? min(ST_XG - gpos, kc1 - kc) : 0;
                 take_slot(slot);
-                if (xsteps > 1) wait_free(n + xsteps - 1);
                 uint8_t *dst = ring + slot * ST_SLOT;
-                const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128 * xsteps;
                 if (kc == kc0) {
                     if (lane < ST_COLS) {
-                        *(int *)(dst + ST_CODES + ST_SCALES + lane * 8) = code;
-                        *(float *)(dst + ST_CODES + ST_SCALES + lane * 8 + 4) = scale;
+                        *(int *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 128) = code;
+                        *(float *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 132) = scale;
                     }
                     if (lane == 0)
                         hdr[slot] = {kc1 - kc0, nc, row0, e, y, split, r, tile << 9 | chunk << 7 | ncols};
@@ -187,8 +160,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
                 __syncwarp(); /* expect_tx before any completion */
-                if (lane < nc && xsteps > 0)
-                    mm_bulk_copy(st_xrows(ring, slot) + lane * ST_XROW, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
+                if (lane < nc)
+                    mm_bulk_copy(dst + ST_CODES + ST_SCALES + lane * ST_XROW, xsrc + (size_t)kc * 128, 128, &full[slot]);
             }
         }
     }
@@ -307,7 +280,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int tok = nt * 8 + g;
-            const uint8_t *row = st_xrows(ring, slot) + tok * ST_XROW + 4 * c;
+            const uint8_t *row = src + ST_CODES + ST_SCALES + tok * ST_XROW + 4 * c;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
 #if MM_STREAM_B_UNPRED
@@ -405,7 +378,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
         const st_header h = hdr[slot];
         if (h.steps == 0) break;
         if (lane < ST_COLS) {
-            const uint8_t *pad = ring + slot * ST_SLOT + ST_CODES + ST_SCALES + lane * 8;
+            const uint8_t *pad = ring + slot * ST_SLOT + ST_CODES + ST_SCALES + lane * ST_XROW + 128;
             col_code[warp][lane] = *(const int *)pad;
             col_scale[warp][lane] = *(const float *)(pad + 4);
         }
