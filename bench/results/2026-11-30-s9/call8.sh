@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Session 9, call 8 (nvidia-h200-x2, the last ~3 minutes): what in wip/stream-xgroup costs the
-# 1-2-token chunks that copy per step. .devbin/megamoe = ac4a987 (the branch merged: groups of 4 from
-# 3 tokens), megamoe_old = 33c47ff, xgnever = the branch never grouping (its shared-memory layout
-# only, ST_XG 4), xg2never = the same with regions of 2 slots. Builds: see call7.sh, then
-# bash bench/build_variants.sh "xgnever@wip/stream-xgroup=-DST_XG_MIN_COLS=17"
-#   "xg2never@wip/stream-xgroup=-DST_XG=2 -DST_XG_MIN_COLS=17"; bash bench/pack_devbin.sh.
+# Prepared in session 9 as its call 8 (nvidia-h200-x2; not run, the device time ran out): what in wip/stream-xgroup costs the
+# 1-2-token chunks that copy per step. Builds (here): bash bench/stage_device.sh (main, whose stream
+# kernel is 33c47ff's); bash bench/build_variants.sh "xga@wip/stream-xgroup="
+#   "xgnever@wip/stream-xgroup=-DST_XG_MIN_COLS=17" "xg2never@wip/stream-xgroup=-DST_XG=2 -DST_XG_MIN_COLS=17";
+# bash bench/pack_devbin.sh. xga = the branch (groups of 4 from 3 tokens), xgnever = its shared-memory
+# layout only (never grouping, regions of 4 slots), xg2never = regions of 2.
 . bench/call_lib.sh
 for gpu in 0 1; do
   (
     export CUDA_VISIBLE_DEVICES=$gpu
-    if [ $gpu = 0 ]; then set -- megamoe_old megamoe_xgnever; else set -- megamoe megamoe_xg2never; fi
+    if [ $gpu = 0 ]; then set -- megamoe megamoe_xgnever; else set -- megamoe_xga megamoe_xg2never; fi
     for n in "$@"; do
       timeout 30 .devbin/$n bench --backend cuda --format nvfp4 --experts 256 --top-k 8 --hidden 7168 --inter 2048 \
         --tokens 8,32 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench$gpu.log"
