@@ -9,7 +9,7 @@
 for gpu in 0 1; do
   (
     export CUDA_VISIBLE_DEVICES=$gpu
-    if [ $gpu = 0 ]; then set -- megamoe megamoe_xgnever; else set -- megamoe_xga megamoe_xg2never; fi
+    if [ $gpu = 0 ]; then set -- megamoe megamoe_xgnever; else set -- megamoe megamoe_xga megamoe_xg2never; fi  # main on both: the baseline per GPU
     for n in "$@"; do
       timeout 30 .devbin/$n bench --backend cuda --format nvfp4 --experts 256 --top-k 8 --hidden 7168 --inter 2048 \
         --tokens 8,32 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench$gpu.log"
