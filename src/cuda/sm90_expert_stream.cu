@@ -61,6 +61,32 @@
 static_assert(ST_XROW % 16 == 0 && (ST_XROW / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
 static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
 
+/* A timeline of one forward's streaming blocks, for finding where a decode forward's time goes (a
+ * development build only: -DMM_STREAM_TRACE=1 through bench/build_variants.sh; the default build has
+ * none of it). Each block stamps %globaltimer (ns) at fixed points; at exit the process prints, per
+ * phase, each point's earliest / median / latest over the blocks, relative to the first block's
+ * entry, for the last forward it ran (run `megamoe bench` with one T). */
+#ifndef MM_STREAM_TRACE
+#define MM_STREAM_TRACE 0
+#endif
+#if MM_STREAM_TRACE
+#define ST_TRACE_BLOCKS 2048
+enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_FIRST_ITEM, ST_T_DONE,
+       ST_T_ITEMS, ST_T_EVENTS };
+__device__ unsigned long long st_trace[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
+__device__ __forceinline__ void st_stamp(int phase, int ev) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (blockIdx.x < ST_TRACE_BLOCKS) st_trace[phase][blockIdx.x][ev] = t;
+}
+__device__ __forceinline__ void st_count(int phase, unsigned long long v) {
+    if (blockIdx.x < ST_TRACE_BLOCKS) st_trace[phase][blockIdx.x][ST_T_ITEMS] = v;
+}
+#define ST_STAMP(ev) st_stamp(PHASE, ev)
+#else
+#define ST_STAMP(ev) ((void)0)
+#endif
+
 __device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
@@ -156,6 +182,9 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 }
                 if (lane == 0) {
                     mm_mbar_expect_tx(&full[slot], bytes);
+#if MM_STREAM_TRACE
+                    if (n == 0) ST_STAMP(ST_T_FIRST_COPY);
+#endif
                     mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
                     mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
@@ -340,7 +369,13 @@ template <int PHASE>
 __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force) {
+#if MM_STREAM_TRACE
+    if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
+#endif
     mm_wait_previous();
+#if MM_STREAM_TRACE
+    if (threadIdx.x == 0) ST_STAMP(ST_T_WAITED);
+#endif
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t full[ST_STAGES], empty[ST_STAGES];
     __shared__ st_header hdr[ST_STAGES];
@@ -364,6 +399,12 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     }
     __syncthreads();
     p.items = base[sh.local_ranks];
+#if MM_STREAM_TRACE
+    if (threadIdx.x == 0) {
+        ST_STAMP(ST_T_SETUP);
+        st_count(PHASE, blockIdx.x < p.items ? (p.items - 1 - blockIdx.x) / gridDim.x + 1 : 0);
+    }
+#endif
     if ((int)blockIdx.x >= p.items) return;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -372,10 +413,17 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
         return;
     }
     int n = 0; /* steps consumed */
+#if MM_STREAM_TRACE
+    int chunks = 0;
+#endif
     for (;;) {
         const int slot = n % ST_STAGES;
         mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
         const st_header h = hdr[slot];
+#if MM_STREAM_TRACE
+        if (warp == 0 && lane == 0 && n == 0) ST_STAMP(ST_T_FIRST_FULL);
+        if (warp == 0 && lane == 0 && h.steps == 0) ST_STAMP(ST_T_DONE);
+#endif
         if (h.steps == 0) break;
         if (lane < ST_COLS) {
             const uint8_t *pad = ring + slot * ST_SLOT + ST_CODES + ST_SCALES + lane * ST_XROW + 128;
@@ -388,6 +436,9 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
                 ? st_consume_chunk<PHASE, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
                 : st_consume_chunk<PHASE, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
+#if MM_STREAM_TRACE
+        if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_ITEM); /* its first chunk consumed */
+#endif
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
 }
@@ -420,3 +471,43 @@ megamoe_status sm90_expert_stream_prepare() {
     }
     return MEGAMOE_OK;
 }
+
+#if MM_STREAM_TRACE
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+/* Prints the timeline of the last forward (see MM_STREAM_TRACE above), at process exit. */
+static void st_trace_report() {
+    static unsigned long long t[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
+    if (cudaMemcpyFromSymbol(t, st_trace, sizeof t) != cudaSuccess) {
+        fprintf(stderr, "stream trace: cudaMemcpyFromSymbol failed\n");
+        return;
+    }
+    unsigned long long t0 = ~0ull;
+    for (int ph = 0; ph < 2; ph++)
+        for (int b = 0; b < ST_TRACE_BLOCKS; b++)
+            if (t[ph][b][ST_T_ENTRY]) t0 = std::min(t0, t[ph][b][ST_T_ENTRY]);
+    static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full",
+                                            "first chunk", "done"};
+    for (int ph = 0; ph < 2; ph++) {
+        fprintf(stderr, "stream trace, %s (us from the first block's entry; earliest / median / latest):\n",
+                ph ? "down" : "gate/up");
+        for (int ev = 0; ev < ST_T_ITEMS; ev++) {
+            std::vector<double> v;
+            for (int b = 0; b < ST_TRACE_BLOCKS; b++)
+                if (t[ph][b][ST_T_ENTRY] && t[ph][b][ev]) v.push_back((t[ph][b][ev] - t0) * 1e-3);
+            if (v.empty()) continue;
+            std::sort(v.begin(), v.end());
+            fprintf(stderr, "  %-11s %9.2f %9.2f %9.2f  (%zu blocks)\n", names[ev], v.front(), v[v.size() / 2],
+                    v.back(), v.size());
+        }
+        int hist[8] = {0};
+        for (int b = 0; b < ST_TRACE_BLOCKS; b++)
+            if (t[ph][b][ST_T_ENTRY]) hist[std::min<unsigned long long>(t[ph][b][ST_T_ITEMS], 7)]++;
+        fprintf(stderr, "  items per block: 0: %d, 1: %d, 2: %d, 3: %d, 4: %d, 5: %d, 6: %d, 7+: %d\n", hist[0],
+                hist[1], hist[2], hist[3], hist[4], hist[5], hist[6], hist[7]);
+    }
+}
+static const int st_trace_registered = atexit(st_trace_report);
+#endif
