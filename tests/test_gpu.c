@@ -2,7 +2,7 @@
  * test_gpu.c -- the CUDA backend against the CPU backend on fresh random data. Exits 77 (ctest:
  * skipped, and said so) when this machine has no usable sm_90 GPU or the build has no CUDA.
  *   - quantized activation bytes bit-identical to the CPU's;
- *   - y within relative L2 1e-3 (NVFP4) / 2e-3 (BF16) of the CPU over a grid of shapes (T = 1, T not a multiple of the
+ *   - y within relative L2 1e-3 of the CPU over a grid of shapes (T = 1, T not a multiple of the
  *     tile, T = T_max, experts with no tokens, all tokens on one expert, -1 slots, padding, NaN/Inf
  *     tokens, K = 1 and 8, E from 8 to 256, H/I at 256 and at 7168/2048), NaN and zero rows exact;
  *   - y bitwise identical for R = 1, 2, 4, 8 ranks on one GPU;
@@ -115,17 +115,16 @@ static uint16_t *gpu_run(megamoe_group *g, megamoe_layer *l, const tu_inputs *in
     return y;
 }
 
-/* How far the GPU's y may be from the CPU's (relative L2). Both accumulate in f32, in different orders,
- * the tensor cores with their own internal rounding; SPEC's roundings a = bf16_rn(...) (BF16) or
- * e2m1_rn (NVFP4's down input) and y = bf16_rn(...) turn an f32-level difference d into about
- * sqrt(d * ulp) in y. Measured on the H200 (docs/TESTING.md "Tolerances"): BF16 up to 9.7e-4 with wgmma
- * at H = 7168 (5.8e-4 with mma.sync), NVFP4 up to 5.2e-4. A wrong row, scale or missing K element is
- * 1e-2 or more. */
-static double tolerance(megamoe_weight_format f) { return f == MEGAMOE_FORMAT_BF16 ? 2e-3 : 1e-3; }
+/* How far the GPU's y may be from the CPU's (relative L2): 1e-3 for both formats, issue 3's bound.
+ * Both accumulate in f32, in different orders, the tensor cores with their own internal rounding;
+ * SPEC's roundings a = bf16_rn(...) (BF16) or e2m1_rn (NVFP4's down input) and y = bf16_rn(...) turn
+ * an f32-level difference d into about sqrt(d * ulp) in y. Measured on the H200 (docs/TESTING.md
+ * "Tolerances"): BF16 up to 9.7e-4 with wgmma / ws64 at H = 7168 (5.8e-4 with mma.sync) -- close to
+ * the bound; NVFP4 up to 5.2e-4. A wrong row, scale or missing K element is 1e-2 or more. */
+#define GPU_TOL 1e-3
 
-/* y_gpu against y_cpu: same NaN rows, exact zero rows, every element written, rel L2 <= tol. */
-static double compare(const tu_inputs *in, const uint16_t *y_gpu, const uint16_t *y_cpu, double tol,
-                      const char *what) {
+/* y_gpu against y_cpu: same NaN rows, exact zero rows, every element written, rel L2 <= GPU_TOL. */
+static double compare(const tu_inputs *in, const uint16_t *y_gpu, const uint16_t *y_cpu, const char *what) {
     const int H = in->H;
     double num = 0, den = 0;
     for (int t = 0; t < in->T; t++) {
@@ -148,7 +147,7 @@ static double compare(const tu_inputs *in, const uint16_t *y_gpu, const uint16_t
     }
     const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     printf("  %-58s rel L2 vs CPU %.2e\n", what, rel);
-    if (!(rel <= tol)) fail_msg("%s: relative L2 %.3e over %.0e", what, rel, tol);
+    if (!(rel <= GPU_TOL)) fail_msg("%s: relative L2 %.3e over %.0e", what, rel, GPU_TOL);
     return rel;
 }
 
@@ -194,7 +193,7 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         char what[160];
         snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d T_max=%d R=%d%s", fmt ? "bf16 " : "nvfp4",
                  gc->E, gc->K, gc->H, gc->I, gc->T, gc->T_max, R, gc->one_expert ? " one-expert" : "");
-        compare(&in, y, y_cpu, tolerance(fmt), what);
+        compare(&in, y, y_cpu, what);
         if (!y_first)
             y_first = y;
         else {
@@ -212,7 +211,7 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         char what[160];
         snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d NCCL 1 rank", fmt ? "bf16 " : "nvfp4", gc->E,
                  gc->K, gc->H, gc->I, gc->T);
-        compare(&in, y, y_cpu, tolerance(fmt), what);
+        compare(&in, y, y_cpu, what);
         if (memcmp(y, y_first, (size_t)gc->T * gc->H * 2) != 0)
             fail_msg("%s: y differs from the CUDA backend", what);
         free(y);
@@ -348,7 +347,7 @@ static void test_graph_capture_and_errors(void **state) {
         assert_int_equal(tu_forward(gc, lc, &fresh, y_cpu), MEGAMOE_OK);
         char what[64];
         snprintf(what, sizeof what, "graph replay %d", rep);
-        compare(&fresh, y_gpu, y_cpu, tolerance(c.format), what);
+        compare(&fresh, y_gpu, y_cpu, what);
         tu_inputs_free(&fresh);
     }
     /* Bad ids: skipped, then reported by megamoe_layer_check. */
@@ -443,7 +442,7 @@ static void test_other_stream_holds_sms(void **state) {
             CK(cudaMemcpy(y_gpu, d.y, (size_t)T * c.hidden_size * 2, cudaMemcpyDeviceToHost));
             char what[96];
             snprintf(what, sizeof what, "%s T=%d beside an occupying kernel", f ? "bf16" : "nvfp4", T);
-            compare(&in, y_gpu, y_cpu, tolerance(c.format), what);
+            compare(&in, y_gpu, y_cpu, what);
             CK(cudaStreamDestroy(s));
             free(y_cpu), free(y_gpu);
             dev_free(&d);
