@@ -42,7 +42,7 @@ static void stream_case(int E, int K, int H, int I, long slots, int y, int nkc) 
     const int sp = plan_stream_splits(slots, E, y, nkc);
     assert_true(sp >= 1 && sp <= 16);
     if (sp > 1) {
-        assert_true(nkc / sp >= 8); /* every split sums 8 K steps or more */
+        assert_true(nkc / sp >= MM_STREAM_MIN_SPLIT_STEPS); /* every split sums that many K steps or more */
         /* [splits][slabs][slot rows][128] f32 within MM_SPLITK_ENTRIES x 128 x 64 f32 */
         assert_true((long)sp * y * slots * 128 <= (long)MM_SPLITK_ENTRIES * 128 * 64);
         /* the last-arriver counters, one per (tile, slab, consumer warp) of a rank's tiles */

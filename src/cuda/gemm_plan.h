@@ -128,12 +128,17 @@ MM_PLAN_FN int gemm_rank(int kernel) {
 #define MM_STREAM_TARGET_ITEMS ((long)MM_STREAM_BLOCKS_PER_SM * MM_PLAN_SMS)
 #endif
 #define MM_STREAM_WARPS 4 /* consumer warps per streaming block: split-K counters per (tile, slab) */
+#ifndef MM_STREAM_MIN_SPLIT_STEPS
+#define MM_STREAM_MIN_SPLIT_STEPS 8 /* K steps per split at least (an experiment at 4: Qwen3's down
+                                     * projection, 12 steps, is never split at 8, so at T = 1 only its
+                                     * 128 (tile, slab) items of the 528 blocks stream) */
+#endif
 MM_PLAN_FN int plan_stream_splits(long slots, int E, int y, int nkc) {
     const long active = slots < E ? slots : E;
     if (active <= 0) return 1;
     const long target = MM_STREAM_TARGET_ITEMS, items = active * y;
     long sp = target / items;
-    if (sp > nkc / 8) sp = nkc / 8;
+    if (sp > nkc / MM_STREAM_MIN_SPLIT_STEPS) sp = nkc / MM_STREAM_MIN_SPLIT_STEPS;
     if (sp > 16) sp = 16;
     const long fit = (long)MM_SPLITK_ENTRIES * 64 / ((long)y * slots); /* workspace: ENTRIES x 128 x 64 f32 */
     if (sp > fit) sp = fit;
