@@ -13,7 +13,7 @@ cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
 # were built against (DEVICE.md); the device scripts put its folder first on the loader path.
 cp bench/device_check.sh .devbin/
 # The experiments of dev/ that are waiting for a GPU run (device_check.sh dev runs them).
-for probe in sm90_stream_probe sm90_decode_gemm sm90_racecheck_probe sm90_bf16_gemm_probe sm90_fp4_ws_gemm_probe sm90_bf16_gather_probe; do
+for probe in sm90_stream_probe sm90_decode_gemm sm90_racecheck_probe sm90_bf16_gemm_probe sm90_fp4_ws_gemm_probe sm90_bf16_gather_probe sm90_accum_probe; do
   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Iinclude -Isrc -Isrc/cuda "dev/$probe.cu" -o ".devbin/$probe"
 done
 du -sh .devbin

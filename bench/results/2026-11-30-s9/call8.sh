@@ -13,6 +13,8 @@
 #    linear layout has not run yet). DSv3 T = 8, 32, 128, 256, Mixtral T = 8, 32, Qwen3 T = 8, 32, 128.
 # 2. ms4 = main splitting K down to 4 steps per split (Qwen3's 12-step down projection splits at
 #    T = 1) against main at T = 1, 8, 32 on the three shapes.
+# 4. dev/sm90_accum_probe: wgmma / mma.sync / ordered f32 FMA against float64 on 64 x 64 x K BF16
+#    products (DECISIONS 56's claim about the tensor cores' accumulation), GPU 0.
 # 3. trace = main with the streaming blocks' timeline (printed at exit, for the last forward): Qwen3
 #    T = 1 and 8, DSv3 T = 1, Mixtral T = 32, one T per run.
 . bench/call_lib.sh
@@ -42,6 +44,8 @@ cells() { # label binary: the streaming cells
     timeout 30 .devbin/megamoe_trace bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 \
       --inter $4 --tokens $5 --iters 10 2>&1 | grep -v "^bench:" >> "$L/trace.txt"
   done
+  timeout 30 .devbin/sm90_accum_probe > "$L/accum_probe.txt" 2>&1
+  echo "accum probe: exit $? at $(el) s"
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
@@ -57,5 +61,5 @@ cells() { # label binary: the streaming cells
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
-cat "$L/trace.txt" 2>/dev/null
+cat "$L/trace.txt" "$L/accum_probe.txt" 2>/dev/null
 call_finish
