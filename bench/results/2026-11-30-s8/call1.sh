@@ -4,7 +4,7 @@
 #   TESTS=1 bash bench/build_variants.sh "mloop@wip/mma-loop=" "bsplit=-DMM_WS64_BF16_SPLIT=1" \
 #     "ccl@wip/combine-cluster=" "incrall@wip/ws-incr=-DWS_CAP_ALWAYS=1" "pk@wip/phase-k="
 #   bash bench/pack_devbin.sh
-# then, device tool with carry .devpack: bash bench/results/2026-11-29-s7/next_call1.sh (copy it under
+# then, device tool with carry .devpack: bash bench/results/<date>/call1.sh (this file, copied under
 # the new session's bench/results/<date>/ first). Every step is time-limited; logs in $OUT/logs.tar.gz.
 # GPU 0: test_gpu main (auto: the routing refactor 254b21d, not yet run), ccl, pk, mloop, bsplit (auto). GPU 1: NVFP4 decode main / ccl,
 # Qwen3 and DSv3 mid/prefill main / pk, BF16 few-token main / bsplit, prefill main / incrall. Both:

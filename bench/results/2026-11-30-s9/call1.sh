@@ -3,7 +3,7 @@
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "gskip@wip/gather-cap=" "xf@wip/ws-xf="
 #   bash bench/build_variants.sh "pfd@wip/prefetch-down=" "pfd0@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=0" \
-#     "pfd48@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=50331648"   (for next_call2.sh; one pack for both)
+#     "pfd48@wip/prefetch-down=-DMM_PREFETCH_DOWN_BYTES=50331648"   (for call2.sh; one pack for both)
 #   bash bench/pack_devbin.sh
 # then, device tool with carry .devpack: bash bench/results/<new date>/call1.sh (a copy of this file).
 # GPU 0: test_gpu xf (wip/ws-xf, the NVFP4 ws transform variant) with ws forced, main with mma /
