@@ -71,7 +71,7 @@ static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an 
 #endif
 #if MM_STREAM_TRACE
 #define ST_TRACE_BLOCKS 2048
-enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_FIRST_ITEM, ST_T_DONE,
+enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_FIRST_CHUNK, ST_T_DONE,
        ST_T_ITEMS, ST_T_EVENTS };
 __device__ unsigned long long st_trace[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
 __device__ __forceinline__ void st_stamp(int phase, int ev) {
@@ -84,7 +84,7 @@ __device__ __forceinline__ void st_count(int phase, unsigned long long v) {
 }
 #define ST_STAMP(ev) st_stamp(PHASE, ev)
 #else
-#define ST_STAMP(ev) ((void)0)
+#define ST_STAMP(ev) ((void)0) /* the stamp sites compile to nothing */
 #endif
 
 __device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
@@ -182,9 +182,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 }
                 if (lane == 0) {
                     mm_mbar_expect_tx(&full[slot], bytes);
-#if MM_STREAM_TRACE
                     if (n == 0) ST_STAMP(ST_T_FIRST_COPY);
-#endif
                     mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
                     mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
@@ -369,13 +367,9 @@ template <int PHASE>
 __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force) {
-#if MM_STREAM_TRACE
     if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
-#endif
     mm_wait_previous();
-#if MM_STREAM_TRACE
     if (threadIdx.x == 0) ST_STAMP(ST_T_WAITED);
-#endif
     extern __shared__ __align__(128) uint8_t ring[];
     __shared__ __align__(8) uint64_t full[ST_STAGES], empty[ST_STAGES];
     __shared__ st_header hdr[ST_STAGES];
@@ -420,10 +414,8 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
         const int slot = n % ST_STAGES;
         mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
         const st_header h = hdr[slot];
-#if MM_STREAM_TRACE
         if (warp == 0 && lane == 0 && n == 0) ST_STAMP(ST_T_FIRST_FULL);
         if (warp == 0 && lane == 0 && h.steps == 0) ST_STAMP(ST_T_DONE);
-#endif
         if (h.steps == 0) break;
         if (lane < ST_COLS) {
             const uint8_t *pad = ring + slot * ST_SLOT + ST_CODES + ST_SCALES + lane * ST_XROW + 128;
@@ -437,7 +429,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
                 : st_consume_chunk<PHASE, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
 #if MM_STREAM_TRACE
-        if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_ITEM); /* its first chunk consumed */
+        if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_CHUNK); /* its first chunk consumed */
 #endif
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
