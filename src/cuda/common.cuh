@@ -66,6 +66,12 @@ __device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_b
     return sh.local_ranks == sh.R || n >= MM_GATHER_MIN_SLOTS;
 }
 
+/* The buffer region of the gate/up GEMM's 16-bit input rows: the gathered copy L.xg (g), else the
+ * staged tokens -- x_f16 (NVFP4, decoded by the stage kernel) or x (BF16). */
+__device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L, bool g) {
+    return g ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
+}
+
 /* One rank's weights on the device (checkpoint layout, see mm_rank_weights). */
 struct mm_dev_weights {
     const uint8_t *w13, *w13_sf; /* [E_r, 2I, H/2], [E_r, 2I, H/16] */

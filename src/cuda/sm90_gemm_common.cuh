@@ -32,9 +32,6 @@ __device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, bool
     if (g) return {me, row, 0};
     return decode_slot(sh, code);
 }
-__device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L, bool g) {
-    return g ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
-}
 __device__ __forceinline__ uint64_t gate_up_scales(const mm_buffer_layout &L, bool g) { return g ? L.xg_scale : L.x_scale; }
 
 /* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shap
     if (!rank_gathered(sh, L, mine)) return; /* across GPUs: few slot rows, read where they are */
     const int lane = threadIdx.x & 31, warps = GATHER_THREADS / 32;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r], chunks = sh.H / 8;
-    const uint64_t src_rows = sh.nvfp4 ? L.x_f16 : L.x;
+    const uint64_t src_rows = gate_up_rows(sh, L, false); /* where the staged tokens are */
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < n; row += gridDim.x * warps) {
         const slot_info si = decode_slot(sh, ((const int32_t *)(mine + L.slots))[row]);
         const uint4 *src = (const uint4 *)(peers[si.src] + src_rows + (size_t)si.token * sh.H * 2);
