@@ -70,6 +70,7 @@ static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an 
 #define MM_STREAM_TRACE 0
 #endif
 #if MM_STREAM_TRACE
+#include <cstdlib>
 #define ST_TRACE_BLOCKS 2048
 enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_FIRST_CHUNK, ST_T_DONE,
        ST_T_ITEMS, ST_T_EVENTS };
@@ -454,7 +455,17 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     return MEGAMOE_OK;
 }
 
+#if MM_STREAM_TRACE
+static void st_trace_report();
+#endif
 megamoe_status sm90_expert_stream_prepare() {
+#if MM_STREAM_TRACE
+    /* Registered after the CUDA runtime's own exit handler (the runtime is up by now), so it runs
+     * before the runtime tears the context down; registered at static initialization, it ran after
+     * (session 10, call 1: every read failed). */
+    static const int registered = atexit(st_trace_report);
+    (void)registered;
+#endif
     const void *f[2] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP>,
                         (const void *)sm90_expert_stream_kernel<PHASE_DOWN>};
     for (const void *k : f) {
@@ -467,13 +478,13 @@ megamoe_status sm90_expert_stream_prepare() {
 #if MM_STREAM_TRACE
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 /* Prints the timeline of the last forward (see MM_STREAM_TRACE above), at process exit. */
 static void st_trace_report() {
     static unsigned long long t[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
-    if (cudaMemcpyFromSymbol(t, st_trace, sizeof t) != cudaSuccess) {
-        fprintf(stderr, "stream trace: cudaMemcpyFromSymbol failed\n");
+    const cudaError_t err = cudaMemcpyFromSymbol(t, st_trace, sizeof t);
+    if (err != cudaSuccess) {
+        fprintf(stderr, "stream trace: cudaMemcpyFromSymbol: %s\n", cudaGetErrorString(err));
         return;
     }
     unsigned long long t0 = ~0ull;
@@ -501,5 +512,4 @@ static void st_trace_report() {
                 hist[1], hist[2], hist[3], hist[4], hist[5], hist[6], hist[7]);
     }
 }
-static const int st_trace_registered = atexit(st_trace_report);
 #endif
