@@ -18,6 +18,8 @@
  * step, then the block barrier of the next). Rows past the tile's tokens stay zero and their columns
  * are dropped by the epilogue.
  */
+#include <type_traits>
+
 #include "sm90_gemm_common.cuh"
 
 #define WG_WARPS 8
@@ -58,6 +60,43 @@ __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t d
                      : MM_ACC32(d, 0)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
     }
+}
+
+/* The same with an instruction N of 32 or 16 tokens (accumulators d[0..NW/2)): for token tiles of at
+ * most NW tokens -- a tile is 64 tokens in the routing, but at 16-32 tokens per expert (DSv3 T =
+ * 512, Mixtral T = 64-128) most hold 32 or fewer, and an m64n64 wgmma spends the tensor cores' time
+ * on empty columns. The B descriptor is the 64-token tile's: N = 32 reads its first 4 core-matrix
+ * groups. Experiment (MM_WGMMA_NARROW: 1 = N 32 when a tile holds <= 32 tokens, 2 = also N 16). */
+#ifndef MM_WGMMA_NARROW
+#define MM_WGMMA_NARROW 1
+#endif
+template <int NW, bool nvfp4>
+__device__ __forceinline__ void wgmma_rs_narrow(float *d, const uint32_t *a, uint64_t db, int accumulate) {
+    static_assert(NW == 32 || NW == 16, "N 32 or 16");
+    if constexpr (NW == 32 && nvfp4)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+                     : MM_ACC8(d, 0), MM_ACC8(d, 8)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    else if constexpr (NW == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+                     : MM_ACC8(d, 0), MM_ACC8(d, 8)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    else if constexpr (nvfp4)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+                     : MM_ACC8(d, 0)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+                     : MM_ACC8(d, 0)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
 /* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split.
@@ -143,7 +182,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     /* One K step. The A registers are read by the wgmma asynchronously: those of step kc - 1
      * (prev) stay untouched, and live for the compiler, until wait_group 1 has retired that step;
      * so the loop alternates two register sets. */
-    auto step = [&](int kc, a_regs &a, a_regs &prev) {
+    auto step = [&](int kc, a_regs &a, a_regs &prev, auto nw) {
         cp_async_wait<WG_STAGES - 3>();                              /* this thread's copies of step kc */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the wgmma (async proxy) */
         __syncthreads(); /* everyone's copies landed; the wgmma of step kc - 2 retired in every warp */
@@ -162,7 +201,10 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             /* k16 step s: K core-matrix columns 2s, 2s + 1 */
             const uint64_t db = smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
 #pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+            for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                if constexpr (decltype(nw)::value == 64) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+                else wgmma_rs_narrow<decltype(nw)::value, nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+            }
         }
         wgmma_commit();
         wgmma_wait<1>();
@@ -171,12 +213,23 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     a_regs a0, a1;
 #pragma unroll
     for (int st = 0; st < WG_STAGES - 2; st++) issue(kc0 + st);
-    int kc = kc0;
-    for (; kc + 1 < kc1; kc += 2) {
-        step(kc, a0, a1);
-        step(kc + 1, a1, a0);
+    auto k_loop = [&](auto nw) {
+        int kc = kc0;
+        for (; kc + 1 < kc1; kc += 2) {
+            step(kc, a0, a1, nw);
+            step(kc + 1, a1, a0, nw);
+        }
+        if (kc < kc1) step(kc, a0, a1, nw);
+    };
+    /* The tile's token count is the block's, so every warpgroup takes the same instruction N. NVFP4
+     * in one process only: the NCCL (LOOP) forms spill with the extra loops, BF16 takes ws64 there. */
+    if constexpr (nvfp4 && !LOOP) {
+        if (MM_WGMMA_NARROW >= 2 && ncols <= 16) k_loop(std::integral_constant<int, 16>());
+        else if (MM_WGMMA_NARROW >= 1 && ncols <= 32) k_loop(std::integral_constant<int, 32>());
+        else k_loop(std::integral_constant<int, 64>());
+    } else {
+        k_loop(std::integral_constant<int, 64>());
     }
-    if (kc < kc1) step(kc, a0, a1);
     wgmma_wait<0>();
     keep_alive(a0);
     keep_alive(a1);
