@@ -66,9 +66,12 @@ __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t d
  * most NW tokens -- a tile is 64 tokens in the routing, but at 16-32 tokens per expert (DSv3 T =
  * 512, Mixtral T = 64-128) most hold 32 or fewer, and an m64n64 wgmma spends the tensor cores' time
  * on empty columns. The B descriptor is the 64-token tile's: N = 32 reads its first 4 core-matrix
- * groups. Experiment (MM_WGMMA_NARROW: 1 = N 32 when a tile holds <= 32 tokens, 2 = also N 16). */
+ * groups. MM_WGMMA_NARROW: 0 = always N 64, 1 = N 32 when a tile holds <= 32 tokens, 2 (default) =
+ * also N 16 for <= 16. H200, 2026-11-30 (session 10 call 1), NVFP4 ms, N 64 -> 2: DSv3 T = 512 3.415
+ * -> 2.990, T = 1024 3.847 -> 3.640; Qwen3 T = 256 0.2628 -> 0.2445, T = 512 0.3211 -> 0.3151;
+ * Mixtral T = 64 0.4993 -> 0.4322 (1 gave about half of each gain). */
 #ifndef MM_WGMMA_NARROW
-#define MM_WGMMA_NARROW 1
+#define MM_WGMMA_NARROW 2
 #endif
 template <int NW, bool nvfp4>
 __device__ __forceinline__ void wgmma_rs_narrow(float *d, const uint32_t *a, uint64_t db, int accumulate) {
