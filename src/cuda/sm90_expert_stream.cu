@@ -39,7 +39,6 @@
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
-#define ST_SLOT (ST_CODES + ST_SCALES + ST_COLS * ST_XROW)
 #ifndef MM_STREAM_UNROLL
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (H200, 2026-11-29: 4 beat 1 by 2-7% at DSv3 T = 8-128) */
 #endif
@@ -54,12 +53,47 @@
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
-#define ST_SMEM (ST_STAGES * ST_SLOT)
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
+#ifndef ST_XG
+#define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG neighbouring ring slots) */
+#endif
+#ifndef ST_XG_MIN_COLS
+#define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per step (a group's copy
+                          * waits for the slot of its last step: ST_XG - 1 steps less lookahead) */
+#endif
+#ifndef ST_XG_MIN_AVG
+#define ST_XG_MIN_AVG 4 /* the grouped layout from this many slots per expert (the group's average) */
+#endif
+#define ST_GXROW (ST_STAGES * 128 + 16) /* grouped layout: a token's row, its K step of every slot */
 
-static_assert(ST_XROW % 16 == 0 && (ST_XROW / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
-static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
+/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 60):
+ * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
+ *   token's K step and 16 B of padding with the token's slot code and scale;
+ * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
+ *   live in one region, a token's row holding its K step of every slot (slot s at s * 128), so one
+ *   bulk copy per token brings ST_XG steps. Measured (H200, session 10 call 1): from ~4 tokens per
+ *   expert 1-11% faster (DSv3 T = 256 2.508 -> 2.276 ms, Mixtral T = 32 0.366 -> 0.326, Qwen3 T =
+ *   128 0.200 -> 0.186), at ~1 token per expert 4-5% slower (DSv3 T = 8 0.450 -> 0.473), also with
+ *   no grouping at all: the layout, not the grouping, costs there. */
+template <bool XG>
+struct st_lay {
+    static constexpr int slot = ST_CODES + ST_SCALES + (XG ? ST_COLS * 8 : ST_COLS * ST_XROW);
+    static constexpr int xrow = XG ? ST_GXROW : ST_XROW;
+    static constexpr int smem = ST_STAGES * slot + (XG ? ST_COLS * ST_GXROW : 0);
+    static constexpr int group = XG ? ST_XG : 1;
+    static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
+    static_assert(slot % 128 == 0 && ST_STAGES % group == 0, "aligned slots, whole groups");
+    static_assert(ST_BLOCKS_PER_SM * (smem + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
+    /* The weights of a slot; its token rows (token t's at + t * xrow); token t's code and scale. */
+    static __device__ __forceinline__ uint8_t *w(uint8_t *ring, int s) { return ring + s * slot; }
+    static __device__ __forceinline__ uint8_t *x(uint8_t *ring, int s) {
+        return XG ? ring + ST_STAGES * slot + s * 128 : ring + s * slot + ST_CODES + ST_SCALES;
+    }
+    static __device__ __forceinline__ uint8_t *meta(uint8_t *ring, int s, int t) {
+        return ring + s * slot + ST_CODES + ST_SCALES + (XG ? t * 8 : t * ST_XROW + 128);
+    }
+};
 
 /* A timeline of one forward's streaming blocks, for finding where a decode forward's time goes (a
  * development build only: -DMM_STREAM_TRACE=1 through bench/build_variants.sh; the default build has
@@ -72,16 +106,25 @@ static_assert(ST_BLOCKS_PER_SM * (ST_SMEM + 2304) <= 233472, "the blocks fit an 
 #if MM_STREAM_TRACE
 #include <cstdlib>
 #define ST_TRACE_BLOCKS 2048
-enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_FIRST_CHUNK, ST_T_DONE,
-       ST_T_ITEMS, ST_T_EVENTS };
+enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_STREAMED, ST_T_FIRST_CHUNK,
+       ST_T_DONE, ST_T_ITEMS, ST_T_SMID, ST_T_WHO, ST_T_EVENTS };
 __device__ unsigned long long st_trace[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
 __device__ __forceinline__ void st_stamp(int phase, int ev) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (blockIdx.x < ST_TRACE_BLOCKS) st_trace[phase][blockIdx.x][ev] = t;
+    if (blockIdx.x >= ST_TRACE_BLOCKS) return;
+    if (ev == ST_T_ENTRY) /* a new forward: the block's other stamps cleared */
+        for (int i = 1; i < ST_T_EVENTS; i++) st_trace[phase][blockIdx.x][i] = 0;
+    if (ev == ST_T_STREAMED && st_trace[phase][blockIdx.x][ev]) return; /* its first chunk's only */
+    st_trace[phase][blockIdx.x][ev] = t;
 }
-__device__ __forceinline__ void st_count(int phase, unsigned long long v) {
-    if (blockIdx.x < ST_TRACE_BLOCKS) st_trace[phase][blockIdx.x][ST_T_ITEMS] = v;
+__device__ __forceinline__ void st_count(int phase, unsigned long long v, unsigned long long who) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    if (blockIdx.x >= ST_TRACE_BLOCKS) return;
+    st_trace[phase][blockIdx.x][ST_T_ITEMS] = v;
+    st_trace[phase][blockIdx.x][ST_T_SMID] = smid;
+    st_trace[phase][blockIdx.x][ST_T_WHO] = who;
 }
 #define ST_STAMP(ev) st_stamp(PHASE, ev)
 #else
@@ -128,15 +171,17 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
     tile = local / (p.splits * p.Y);
 }
 
-template <int PHASE>
+template <int PHASE, bool XG>
 __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const mm_dev_weights *weights, const st_params &p, const int *base,
                                            uint8_t *ring, uint64_t *full, uint64_t *empty, st_header *hdr) {
     const int lane = threadIdx.x & 31;
     const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
+    using lay = st_lay<XG>;
     int n = 0; /* steps issued */
-    auto take_slot = [&](int slot) {
-        if (n >= ST_STAGES && lane == 0) mm_mbar_wait_parity(&empty[slot], ((n / ST_STAGES) - 1) & 1);
+    /* Waits until the consumers have released the step that used step m's slot before it. */
+    auto wait_free = [&](int m) {
+        if (m >= ST_STAGES && lane == 0) mm_mbar_wait_parity(&empty[m % ST_STAGES], ((m / ST_STAGES) - 1) & 1);
         __syncwarp();
     };
     for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
@@ -167,15 +212,23 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
                 }
             }
-            const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128;
             for (int kc = kc0; kc < kc1; kc++, n++) {
                 const int slot = n % ST_STAGES;
-                take_slot(slot);
-                uint8_t *dst = ring + slot * ST_SLOT;
+                /* Grouped layout: the token rows of a group of ST_XG slots come in one copy per token,
+                 * issued with the group's first step (or the chunk's first, mid-group) for the steps
+                 * up to the group's end or the chunk's; their bytes complete on this step's barrier,
+                 * which the consumers wait on before the later steps'. The rows are rewritten only
+                 * once the last step that held them before is released. */
+                const int gpos = n % lay::group;
+                const int xsteps = !XG || nc < ST_XG_MIN_COLS ? 1 : gpos == 0 || kc == kc0 ? min(lay::group - gpos, kc1 - kc) : 0;
+                wait_free(n);
+                if (xsteps > 1) wait_free(n + xsteps - 1);
+                uint8_t *dst = lay::w(ring, slot);
+                const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128 * xsteps;
                 if (kc == kc0) {
                     if (lane < ST_COLS) {
-                        *(int *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 128) = code;
-                        *(float *)(dst + ST_CODES + ST_SCALES + lane * ST_XROW + 132) = scale;
+                        *(int *)lay::meta(ring, slot, lane) = code;
+                        *(float *)(lay::meta(ring, slot, lane) + 4) = scale;
                     }
                     if (lane == 0)
                         hdr[slot] = {kc1 - kc0, nc, row0, e, y, split, r, tile << 9 | chunk << 7 | ncols};
@@ -188,13 +241,13 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
                 __syncwarp(); /* expect_tx before any completion */
-                if (lane < nc)
-                    mm_bulk_copy(dst + ST_CODES + ST_SCALES + lane * ST_XROW, xsrc + (size_t)kc * 128, 128, &full[slot]);
+                if (lane < nc && xsteps > 0)
+                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
             }
         }
     }
     const int slot = n % ST_STAGES; /* the end marker */
-    take_slot(slot);
+    wait_free(n);
     if (lane == 0) {
         hdr[slot].steps = 0;
         mm_mbar_arrive(&full[slot]);
@@ -279,7 +332,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
 
 /* One consumer warp's K steps of one chunk of NT n-tiles (8 tokens each), then split-K and the
  * epilogue. n: the block's step count, advanced past the chunk. */
-template <int PHASE, int NT>
+template <int PHASE, bool XG, int NT>
 __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
                                                  uint8_t *const *peers, const mm_dev_weights *weights,
                                                  const st_params &p, const st_header &h, uint8_t *ring,
@@ -297,7 +350,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     for (int step = 0; step < h.steps; step++, n++) {
         const int slot = n % ST_STAGES;
         mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
-        const uint8_t *src = ring + slot * ST_SLOT;
+        const uint8_t *src = st_lay<XG>::w(ring, slot);
         a_raw<true> w[GROUPS_PER_WARP];
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++) { /* the warp's groups 2 warp + q of the slab */
@@ -308,7 +361,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int tok = nt * 8 + g;
-            const uint8_t *row = src + ST_CODES + ST_SCALES + tok * ST_XROW + 4 * c;
+            const uint8_t *row = st_lay<XG>::x(ring, slot) + tok * st_lay<XG>::xrow + 4 * c;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
 #if MM_STREAM_B_UNPRED
@@ -336,6 +389,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
             }
     }
 
+    if (warp == 0 && lane == 0) ST_STAMP(ST_T_STREAMED); /* the block's first chunk's last step consumed */
     uint8_t *mine = peers[sh.first_rank + h.r];
     if (p.splits > 1) { /* partial sums out; the warp that stores a (tile, slab) last adds them up */
         float *ws = (float *)(mine + L.splitk_ws);
@@ -364,7 +418,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     return false;
 }
 
-template <int PHASE>
+template <int PHASE, bool XG>
 __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force) {
@@ -397,14 +451,17 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
 #if MM_STREAM_TRACE
     if (threadIdx.x == 0) {
         ST_STAMP(ST_T_SETUP);
-        st_count(PHASE, blockIdx.x < p.items ? (p.items - 1 - blockIdx.x) / gridDim.x + 1 : 0);
+        int r = 0, tile = 0, y = 0, split = 0;
+        if ((int)blockIdx.x < p.items) st_item(blockIdx.x, base, sh.local_ranks, p, r, tile, y, split);
+        st_count(PHASE, blockIdx.x < p.items ? (p.items - 1 - blockIdx.x) / gridDim.x + 1 : 0,
+                 (unsigned long long)tile << 32 | (unsigned long long)y << 16 | (unsigned long long)split);
     }
 #endif
     if ((int)blockIdx.x >= p.items) return;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp == ST_WARPS) {
-        st_produce<PHASE>(sh, L, peers, weights, p, base, ring, full, empty, hdr);
+        st_produce<PHASE, XG>(sh, L, peers, weights, p, base, ring, full, empty, hdr);
         return;
     }
     int n = 0; /* steps consumed */
@@ -419,15 +476,15 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
         if (warp == 0 && lane == 0 && h.steps == 0) ST_STAMP(ST_T_DONE);
         if (h.steps == 0) break;
         if (lane < ST_COLS) {
-            const uint8_t *pad = ring + slot * ST_SLOT + ST_CODES + ST_SCALES + lane * ST_XROW + 128;
+            const uint8_t *pad = st_lay<XG>::meta(ring, slot, lane);
             col_code[warp][lane] = *(const int *)pad;
             col_scale[warp][lane] = *(const float *)(pad + 4);
         }
         __syncwarp();
         const bool last =
             h.ncols > 8
-                ? st_consume_chunk<PHASE, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
-                : st_consume_chunk<PHASE, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+                ? st_consume_chunk<PHASE, XG, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
+                : st_consume_chunk<PHASE, XG, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
 #if MM_STREAM_TRACE
         if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_CHUNK); /* its first chunk consumed */
@@ -447,10 +504,12 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
     const int grid = (int)(bound < (long)ST_BLOCKS_PER_SM * sms ? bound : (long)ST_BLOCKS_PER_SM * sms);
     if (grid <= 0) return MEGAMOE_OK;
-    if (phase == PHASE_GATE_UP)
-        MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_GATE_UP>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
-    else
-        MM_CUDA_TRY(mm_launch(sm90_expert_stream_kernel<PHASE_DOWN>, grid, ST_THREADS, ST_SMEM, s, sh, L, peers, weights, force));
+    /* The layout from the average slots per expert (host-known; numerics are the same in both). */
+    const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
+    const int smem = xg ? st_lay<true>::smem : st_lay<false>::smem;
+    auto kernel = phase == PHASE_GATE_UP ? (xg ? sm90_expert_stream_kernel<PHASE_GATE_UP, true> : sm90_expert_stream_kernel<PHASE_GATE_UP, false>)
+                                         : (xg ? sm90_expert_stream_kernel<PHASE_DOWN, true> : sm90_expert_stream_kernel<PHASE_DOWN, false>);
+    MM_CUDA_TRY(mm_launch(kernel, grid, ST_THREADS, smem, s, sh, L, peers, weights, force));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
@@ -466,10 +525,14 @@ megamoe_status sm90_expert_stream_prepare() {
     static const int registered = atexit(st_trace_report);
     (void)registered;
 #endif
-    const void *f[2] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN>};
-    for (const void *k : f) {
-        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, ST_SMEM));
+    const void *f[4] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, true>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, true>};
+    for (int i = 0; i < 4; i++) {
+        const void *k = f[i];
+        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         i < 2 ? st_lay<false>::smem : st_lay<true>::smem));
         MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     }
     return MEGAMOE_OK;
@@ -492,7 +555,7 @@ static void st_trace_report() {
         for (int b = 0; b < ST_TRACE_BLOCKS; b++)
             if (t[ph][b][ST_T_ENTRY]) t0 = std::min(t0, t[ph][b][ST_T_ENTRY]);
     static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full",
-                                            "first chunk", "done"};
+                                            "streamed", "first chunk", "done"};
     for (int ph = 0; ph < 2; ph++) {
         fprintf(stderr, "stream trace, %s (us from the first block's entry; earliest / median / latest):\n",
                 ph ? "down" : "gate/up");
@@ -510,6 +573,32 @@ static void st_trace_report() {
             if (t[ph][b][ST_T_ENTRY]) hist[std::min<unsigned long long>(t[ph][b][ST_T_ITEMS], 7)]++;
         fprintf(stderr, "  items per block: 0: %d, 1: %d, 2: %d, 3: %d, 4: %d, 5: %d, 6: %d, 7+: %d\n", hist[0],
                 hist[1], hist[2], hist[3], hist[4], hist[5], hist[6], hist[7]);
+        /* The blocks whose first chunk ended last: where a phase's tail comes from. */
+        std::vector<int> order;
+        for (int b = 0; b < ST_TRACE_BLOCKS; b++)
+            if (t[ph][b][ST_T_ENTRY] && t[ph][b][ST_T_FIRST_CHUNK]) order.push_back(b);
+        std::sort(order.begin(), order.end(),
+                  [&](int a, int b) { return t[ph][a][ST_T_FIRST_CHUNK] > t[ph][b][ST_T_FIRST_CHUNK]; });
+        auto us = [&](int b, int ev) { return t[ph][b][ev] ? (t[ph][b][ev] - t0) * 1e-3 : -1.0; };
+        fprintf(stderr, "  latest first chunks: block sm tile slab split | first copy, first full, streamed, first chunk (us)\n");
+        for (size_t i = 0; i < order.size() && i < 12; i++) {
+            const int b = order[i];
+            const unsigned long long w = t[ph][b][ST_T_WHO];
+            fprintf(stderr, "    %5d %3llu %4llu %4llu %3llu | %7.2f %7.2f %7.2f %7.2f\n", b, t[ph][b][ST_T_SMID], w >> 32,
+                    (w >> 16) & 0xFFFF, w & 0xFFFF, us(b, ST_T_FIRST_COPY), us(b, ST_T_FIRST_FULL), us(b, ST_T_STREAMED),
+                    us(b, ST_T_FIRST_CHUNK));
+        }
+        /* Per split: the median end of the first chunk and of its streaming (splits of one pair differ?). */
+        for (int sp = 0; sp < 16; sp++) {
+            std::vector<double> a, c;
+            for (int b : order)
+                if ((int)(t[ph][b][ST_T_WHO] & 0xFFFF) == sp) a.push_back(us(b, ST_T_STREAMED)), c.push_back(us(b, ST_T_FIRST_CHUNK));
+            if (a.empty()) continue;
+            std::sort(a.begin(), a.end());
+            std::sort(c.begin(), c.end());
+            fprintf(stderr, "  split %2d: %zu blocks, streamed median %7.2f max %7.2f, first chunk median %7.2f max %7.2f\n", sp,
+                    a.size(), a[a.size() / 2], a.back(), c[c.size() / 2], c.back());
+        }
     }
 }
 #endif
