@@ -104,6 +104,13 @@ struct mm_dev_rank_args {
  * that kernel to finish and its writes to be visible. Completion chains, so waiting for the kernel
  * just before waits for all earlier ones. Without a programmatic predecessor the wait returns at once. */
 __device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+/* A release / acquire fence at GPU scope, issued by one thread for its group (a warp or a block)
+ * after the group's barrier: bar.sync and bar.warp.sync order the group's memory accesses before
+ * the barrier, and the fence's release is cumulative over them -- the pattern of CUTLASS's split-K
+ * semaphores (a relaxed atomic after the fence publishes; the fence after the atomic acquires).
+ * Not __threadfence(): that is fence.sc.gpu (MEMBAR.SC.GPU), which the streaming kernel's trace
+ * caught costing ~7 us per split-K hand-off under load (H200, Qwen3 T = 1, session 10 call 3). */
+__device__ __forceinline__ void mm_fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 /* No griddepcontrol.launch_dependents after the wait: letting the next kernel's blocks in early was
  * measured slower (H200, session 4: DSv3 T=1 0.118 -> 0.126 ms, Qwen3 T=128 0.223 -> 0.238). */
 

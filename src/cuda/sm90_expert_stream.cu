@@ -401,16 +401,21 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
                 const int row = 16 * (GROUPS_PER_WARP * warp + q) + g + 8 * ((i & 3) >> 1);
                 if (col < h.ncols) __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
             }
-        __threadfence();
-        __syncwarp();
+        __syncwarp(); /* the warp's partial sums before lane 0's release */
         /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
         int *counter = (int *)(mine + L.splitk_counters) + ((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp;
         int old = 0;
-        if (lane == 0) old = atomicAdd(counter, 1);
+        if (lane == 0) {
+            mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
+            old = atomicAdd(counter, 1);
+        }
         old = __shfl_sync(0xFFFFFFFFu, old, 0);
         if (old != p.splits * ((st_tcols(h) + ST_COLS - 1) / ST_COLS) - 1) return false;
-        if (lane == 0) *counter = 0; /* ready for the next forward */
-        __threadfence();
+        if (lane == 0) {
+            *counter = 0;           /* ready for the next forward */
+            mm_fence_acq_rel_gpu(); /* acquire: the other splits' partial sums after the count */
+        }
+        __syncwarp();
         return true; /* the caller adds the splits up (st_finish_warp, inlined once) */
     }
     gemm_epilogue<PHASE, true, NT>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,

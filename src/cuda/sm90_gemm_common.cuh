@@ -278,15 +278,17 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
             if (i < ntiles_n)
 #pragma unroll
                 for (int j = 0; j < 4; j++) __stcg(mine + (size_t)((q * 8 + i) * 4 + j) * THREADS, acc[q][i * 4 + j]);
-    __threadfence();
-    __syncthreads();
+    __syncthreads(); /* the block's partial sums before thread 0's release */
     if (tid == 0) {
+        mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
         is_last = atomicAdd(counters + entry, 1) == splits - 1;
-        if (is_last) counters[entry] = 0; /* ready for the next forward */
+        if (is_last) {
+            counters[entry] = 0;    /* ready for the next forward */
+            mm_fence_acq_rel_gpu(); /* acquire: the other splits' partial sums after the count */
+        }
     }
     __syncthreads();
     if (!is_last) return false;
-    __threadfence();
     const float *all = ws + entry * splits * per_split + tid;
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++)

@@ -99,16 +99,18 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
         __syncthreads();
     } else {
         __shared__ int last;
-        __threadfence(); /* this thread's staged bytes before the arrival below */
-        __syncthreads();
+        __syncthreads(); /* the block's staged bytes before thread 0's release */
         if (threadIdx.x == 0) {
             unsigned *arrivals = (unsigned *)(err_base + L.stage_arrivals);
+            mm_fence_acq_rel_gpu(); /* release: the staged bytes before the arrival */
             last = atomicAdd(arrivals, 1u) == (unsigned)route_blocks - 1;
-            if (last) *arrivals = 0; /* ready for the next forward */
+            if (last) {
+                *arrivals = 0;          /* ready for the next forward */
+                mm_fence_acq_rel_gpu(); /* acquire: every block's staged bytes after the arrivals */
+            }
         }
         __syncthreads();
         if (!last) return;
-        __threadfence();
     }
     extern __shared__ int hist[];
     route_few_block(sh, L, peers, hist);
