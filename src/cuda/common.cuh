@@ -108,8 +108,9 @@ __device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontro
  * after the group's barrier: bar.sync and bar.warp.sync order the group's memory accesses before
  * the barrier, and the fence's release is cumulative over them -- the pattern of CUTLASS's split-K
  * semaphores (a relaxed atomic after the fence publishes; the fence after the atomic acquires).
- * Not __threadfence(): that is fence.sc.gpu (MEMBAR.SC.GPU), which the streaming kernel's trace
- * caught costing ~7 us per split-K hand-off under load (H200, Qwen3 T = 1, session 10 call 3). */
+ * Not __threadfence() in every thread: that is fence.sc.gpu (MEMBAR.SC.GPU), stronger than the
+ * hand-off needs. Measured (H200, session 10 calls 3-4): no change in time -- the ~7 us tail of the
+ * streaming split-K hand-off at Qwen3 T = 1 stayed (DECISIONS 62) -- kept as the lighter pattern. */
 __device__ __forceinline__ void mm_fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 /* No griddepcontrol.launch_dependents after the wait: letting the next kernel's blocks in early was
  * measured slower (H200, session 4: DSv3 T=1 0.118 -> 0.126 ms, Qwen3 T=128 0.223 -> 0.238). */
