@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepared in session 10 as its call 7 (nvidia-h200-x2; not run: the session's device time was spent).
+# Builds (here, on main 1da865f+): bash bench/stage_device.sh; then
+#   TESTS=1 bash bench/build_variants.sh "chain@wip/stream-chain="
+#   bash bench/build_variants.sh "cpad@wip/stream-chain=-DMM_SPLITK_COUNTER_STRIDE=32" \
+#     "trace=-DMM_STREAM_TRACE=1" "tracec@wip/stream-chain=-DMM_STREAM_TRACE=1"
+#   bash bench/pack_devbin.sh
+# chain = wip/stream-chain: tile_rows (load_tile one memory latency, not two; every GEMM kernel but
+#   ws reads tiles through it) and the streaming kernel's tile counts read beside the token count;
+# cpad = chain with the split-K counters 128 B apart (DECISIONS 62's tail: same-line atomics?).
+# GPU 0: test_gpu chain auto / stream / mma / wgmma (load_tile's readers), memcheck chain stream.
+# GPU 1: main / chain / cpad alternating twice at T = 1, 8, 32 on the three shapes; the trace of
+#   main and chain at Qwen3 T = 1 and Mixtral T = 1 (setup -> first copy should shrink by one
+#   latency per phase; the gate/up tail at its common instant with cpad's numbers beside).
+# Both: the 2-GPU pytest with chain (the routing kernels changed).
+. bench/call_lib.sh
+bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
+(
+  export CUDA_VISIBLE_DEVICES=0
+  for g in auto stream mma wgmma; do
+    MEGAMOE_GEMM=$g timeout 100 .devbin/test_gpu_chain > "$L/test_gpu_chain_$g.log" 2>&1
+    echo "test_gpu chain $g: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$L/test_gpu_chain_$g.log" | tr '\n' ' ') at $(el) s"
+  done
+  MEGAMOE_GEMM=stream timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    .devbin/test_gpu_chain --quick > "$L/memcheck_chain_stream.log" 2>&1
+  echo "memcheck chain stream: exit $? $(tail -n 1 "$L/memcheck_chain_stream.log") at $(el) s"
+  echo "gpu0 done at $(el) s"
+) > "$L/gpu0.txt" 2>&1 &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  for n in main chain cpad main chain cpad; do
+    for s in "128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048"; do
+      set -- $s
+      timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
+        --tokens 1,8,32 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench1.log"
+    done
+  done
+  for n in trace tracec; do
+    for s in "128 8 2048 768 1" "8 2 4096 14336 1"; do
+      set -- $s
+      echo "== $n E=$1 K=$2 H=$3 I=$4 T=$5" >> "$L/trace.txt"
+      timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 \
+        --inter $4 --tokens $5 --iters 10 >> "$L/trace.txt" 2>&1
+    done
+  done
+  echo "gpu1 done at $(el) s"
+) > "$L/gpu1.txt" 2>&1 &
+wait
+(
+  MEGAMOE_CLI=.devbin/megamoe_chain timeout 120 python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/py/test_multi_gpu.py > "$L/multi_gpu_chain.txt" 2>&1
+  echo "multi-GPU chain: $(tail -n 1 "$L/multi_gpu_chain.txt") at $(el) s"
+) > "$L/both.txt" 2>&1
+grep -E "^==|  (setup|first copy|first full|streamed|first chunk) " "$L/trace.txt"
+call_finish
