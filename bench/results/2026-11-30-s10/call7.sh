@@ -6,7 +6,9 @@
 #     "trace=-DMM_STREAM_TRACE=1" "tracec@wip/stream-chain=-DMM_STREAM_TRACE=1"
 #   bash bench/pack_devbin.sh
 # chain = wip/stream-chain: tile_rows (load_tile one memory latency, not two; every GEMM kernel but
-#   ws reads tiles through it) and the streaming kernel's tile counts read beside the token count;
+#   ws reads tiles through it), the streaming kernel's tile counts read beside the token count, and
+#   slot_scale (each slot row's activation scale written by the routing, read beside the slot code;
+#   added after call 7q, which measured the branch without it: 1-1.5% on Qwen3 / Mixtral decode);
 # cpad = chain with the split-K counters 128 B apart (DECISIONS 62's tail: same-line atomics?).
 # GPU 0: test_gpu chain auto / stream / mma / wgmma (load_tile's readers), memcheck chain stream.
 # GPU 1: main / chain / cpad alternating twice at T = 1, 8, 32 on the three shapes; the trace of
