@@ -4,17 +4,17 @@
 #   TESTS=1 bash bench/build_variants.sh "chain@wip/stream-chain="
 #   bash bench/build_variants.sh "cpad@wip/stream-chain=-DMM_SPLITK_COUNTER_STRIDE=32" \
 #     "trace=-DMM_STREAM_TRACE=1" "tracec@wip/stream-chain=-DMM_STREAM_TRACE=1" \
-#     "b5s6=-DMM_STREAM_BLOCKS_PER_SM=5 -DST_STAGES=6"
+#     "b5s6=-DMM_STREAM_BLOCKS_PER_SM=5 -DST_STAGES=6 -DST_XG=3"
 #   bash bench/pack_devbin.sh
 # chain = wip/stream-chain: tile_rows (load_tile one memory latency, not two; every GEMM kernel but
 #   ws reads tiles through it), the streaming kernel's tile counts read beside the token count, and
 #   slot_scale (each slot row's activation scale written by the routing, read beside the slot code;
 #   added after call 7q, which measured the branch without it: 1-1.5% on Qwen3 / Mixtral decode);
 # cpad = chain with the split-K counters 128 B apart (DECISIONS 62's tail: same-line atomics?);
-# b5s6 = main with 5 streaming blocks per SM of 6 ring stages (660 resident: Qwen3 T = 8's 564
-#   gate/up items in one round; measured 2-4% slower in session 5, before that mattered).
+# b5s6 = main with 5 streaming blocks per SM of 6 ring stages, grouped copies of 3 steps (660
+#   resident: Qwen3 T = 8's 564 gate/up items in one round; measured 2-4% slower in session 5).
 # GPU 0: test_gpu chain auto / stream / mma / wgmma (load_tile's readers), memcheck chain stream.
-# GPU 1: main / chain / cpad alternating twice at T = 1, 8, 32 on the three shapes; the trace of
+# GPU 1: main / chain / cpad / b5s6 alternating twice at T = 1, 8, 32 on the three shapes; the trace of
 #   main and chain at Qwen3 T = 1 and Mixtral T = 1 (setup -> first copy should shrink by one
 #   latency per phase; the gate/up tail at its common instant with cpad's numbers beside).
 # Both: the 2-GPU pytest with chain (the routing kernels changed).
