@@ -4,7 +4,7 @@
 #   TESTS=1 bash bench/build_variants.sh "chain@wip/stream-chain="
 #   bash bench/build_variants.sh "cpad@wip/stream-chain=-DMM_SPLITK_COUNTER_STRIDE=32" \
 #     "trace=-DMM_STREAM_TRACE=1" "tracec@wip/stream-chain=-DMM_STREAM_TRACE=1" \
-#     "b5s6=-DMM_STREAM_BLOCKS_PER_SM=5 -DST_STAGES=6 -DST_XG=3"
+#     "b5s6=-DMM_STREAM_BLOCKS_PER_SM=5 -DST_STAGES=6 -DST_XG=3" "ms16=-DMM_STREAM_MIN_SPLIT_STEPS=16"
 #   bash bench/pack_devbin.sh
 # chain = wip/stream-chain: tile_rows (load_tile one memory latency, not two; every GEMM kernel but
 #   ws reads tiles through it), the streaming kernel's tile counts read beside the token count, and
@@ -12,9 +12,11 @@
 #   added after call 7q, which measured the branch without it: 1-1.5% on Qwen3 / Mixtral decode);
 # cpad = chain with the split-K counters 128 B apart (DECISIONS 62's tail: same-line atomics?);
 # b5s6 = main with 5 streaming blocks per SM of 6 ring stages, grouped copies of 3 steps (660
-#   resident: Qwen3 T = 8's 564 gate/up items in one round; measured 2-4% slower in session 5).
+#   resident: Qwen3 T = 8's 564 gate/up items in one round; measured 2-4% slower in session 5);
+# ms16 = main with splits of 16 K steps or more: only Qwen3 T = 1's gate/up changes (4 splits -> 2:
+#   half the split-K hand-offs, whose tail is 7.5 us there, for twice the steps per block).
 # GPU 0: test_gpu chain auto / stream / mma / wgmma (load_tile's readers), memcheck chain stream.
-# GPU 1: main / chain / cpad / b5s6 alternating twice at T = 1, 8, 32 on the three shapes; the trace of
+# GPU 1: main / chain / cpad / b5s6 / ms16 alternating twice at T = 1, 8, 32 on the three shapes; the trace of
 #   main and chain at Qwen3 T = 1 and Mixtral T = 1 (setup -> first copy should shrink by one
 #   latency per phase; the gate/up tail at its common instant with cpad's numbers beside).
 # Both: the 2-GPU pytest with chain (the routing kernels changed).
@@ -33,7 +35,7 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
-  for n in main chain cpad b5s6 main chain cpad b5s6; do
+  for n in main chain cpad b5s6 ms16 main chain cpad b5s6 ms16; do
     for s in "128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048"; do
       set -- $s
       timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
