@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepared in session 10 as its call 7 (nvidia-h200-x2; not run: the session's device time was spent).
-# Builds (here, on main 1da865f+): bash bench/stage_device.sh; then
+# Builds (here, on main 823d4a0 or later): bash bench/stage_device.sh; then
 #   TESTS=1 bash bench/build_variants.sh "chain@wip/stream-chain="
 #   bash bench/build_variants.sh "cpad@wip/stream-chain=-DMM_SPLITK_COUNTER_STRIDE=32" \
 #     "trace=-DMM_STREAM_TRACE=1" "tracec@wip/stream-chain=-DMM_STREAM_TRACE=1" \
@@ -18,7 +18,9 @@
 # GPU 0: test_gpu chain auto / stream / mma / wgmma (load_tile's readers), memcheck chain stream.
 # GPU 1: main / chain / cpad / b5s6 / ms16 alternating twice at T = 1, 8, 32 on the three shapes; the trace of
 #   main and chain at Qwen3 T = 1 and Mixtral T = 1 (setup -> first copy should shrink by one
-#   latency per phase; the gate/up tail at its common instant with cpad's numbers beside).
+#   latency per phase; the gate/up tail at its common instant with cpad's numbers beside); then
+#   main's trace and times at T = 1 with no L2 flush (MEGAMOE_BENCH_FLUSH_MB=0, diagnosis only):
+#   does the tail come from the flush's dirty lines being written back during the forward?
 # Both: the 2-GPU pytest with chain (the routing kernels changed).
 . bench/call_lib.sh
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
@@ -49,6 +51,17 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
       timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 \
         --inter $4 --tokens $5 --iters 10 >> "$L/trace.txt" 2>&1
     done
+  done
+  for s in "128 8 2048 768" "8 2 4096 14336"; do
+    set -- $s
+    echo "== trace, no flush, E=$1 K=$2 H=$3 I=$4 T=1" >> "$L/trace.txt"
+    MEGAMOE_BENCH_FLUSH_MB=0 timeout 30 .devbin/megamoe_trace bench --backend cuda --format nvfp4 --experts $1 \
+      --top-k $2 --hidden $3 --inter $4 --tokens 1 --iters 10 >> "$L/trace.txt" 2>&1
+  done
+  for s in "128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048"; do
+    set -- $s
+    MEGAMOE_BENCH_FLUSH_MB=0 timeout 30 .devbin/megamoe bench --backend cuda --format nvfp4 --experts $1 --top-k $2 \
+      --hidden $3 --inter $4 --tokens 1,8 --iters 10 2>&1 | sed "s/^bench:/bench[main, no flush]:/" >> "$L/bench1.log"
   done
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
