@@ -17,3 +17,16 @@ call_finish() {
     sed -E 's/R=1 backend=cuda: //; s/ over 10//; s/ of touched expert weights//; s/, [0-9.]+ GB\/s.*experts\)//;
             s/\(slowest rank.s median\)//; s/ TFLOP.s.*//; s/backend=nccl: //' | cut -c1-110
 }
+# tg BIN MODE: test_gpu build BIN (.devbin/BIN) with the GEMM kernel MODE forced; one result line.
+tg() {
+  MEGAMOE_GEMM=$2 timeout 100 ".devbin/$1" > "$L/$1_$2.log" 2>&1
+  echo "$1 $2: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$L/$1_$2.log" | tr '\n' ' ') at $(el) s"
+}
+# san TOOL BIN MODE: compute-sanitizer TOOL (memcheck, racecheck: without the kernels
+# RACECHECK_EXCLUDE names) over BIN's quick subset with MODE forced; one result line.
+san() {
+  local excl=(); [ "$1" = racecheck ] && excl=("${RACECHECK_EXCLUDE[@]}")
+  MEGAMOE_GEMM=$3 timeout 120 compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 "${excl[@]}" \
+    ".devbin/$2" --quick > "$L/$1_$2_$3.log" 2>&1
+  echo "$1 $2 $3: exit $? $(tail -n 1 "$L/$1_$2_$3.log") at $(el) s"
+}

@@ -8,14 +8,16 @@
 #   bash bench/pack_devbin.sh
 # chain = wip/stream-chain: tile_rows (load_tile one memory latency, not two; every GEMM kernel but
 #   ws reads tiles through it), the streaming kernel's tile counts read beside the token count, and
-#   slot_scale (each slot row's activation scale written by the routing, read beside the slot code;
-#   added after call 7q, which measured the branch without it: 1-1.5% on Qwen3 / Mixtral decode);
+#   slot_scale (each slot row's activation scale written by the routing and read by tile_column
+#   beside the slot code, in every GEMM kernel; the gathered copy's xg_scale gone; added after call
+#   7q, which measured the branch without it: 1-1.5% on Qwen3 / Mixtral decode);
 # cpad = chain with the split-K counters 128 B apart (DECISIONS 62's tail: same-line atomics?);
 # b5s6 = main with 5 streaming blocks per SM of 6 ring stages, grouped copies of 3 steps (660
 #   resident: Qwen3 T = 8's 564 gate/up items in one round; measured 2-4% slower in session 5);
 # ms16 = main with splits of 16 K steps or more: only Qwen3 T = 1's gate/up changes (4 splits -> 2:
 #   half the split-K hand-offs, whose tail is 7.5 us there, for twice the steps per block).
-# GPU 0: test_gpu chain auto / stream / mma / wgmma (load_tile's readers), memcheck chain stream.
+# GPU 0: test_gpu chain in every kernel mode (load_tile and tile_column, which every GEMM kernel
+#   reads, changed), memcheck chain stream / auto.
 # GPU 1: main / chain / cpad / b5s6 / ms16 alternating twice at T = 1, 8, 32 on the three shapes; the trace of
 #   main and chain at Qwen3 T = 1 and Mixtral T = 1 (setup -> first copy should shrink by one
 #   latency per phase; the gate/up tail at its common instant with cpad's numbers beside); then
@@ -26,13 +28,9 @@
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 (
   export CUDA_VISIBLE_DEVICES=0
-  for g in auto stream mma wgmma; do
-    MEGAMOE_GEMM=$g timeout 100 .devbin/test_gpu_chain > "$L/test_gpu_chain_$g.log" 2>&1
-    echo "test_gpu chain $g: exit $? $(grep -E '^\[  (PASSED|FAILED)' "$L/test_gpu_chain_$g.log" | tr '\n' ' ') at $(el) s"
-  done
-  MEGAMOE_GEMM=stream timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-    .devbin/test_gpu_chain --quick > "$L/memcheck_chain_stream.log" 2>&1
-  echo "memcheck chain stream: exit $? $(tail -n 1 "$L/memcheck_chain_stream.log") at $(el) s"
+  for g in auto stream mma wgmma ws ws64; do tg test_gpu_chain $g; done
+  san memcheck test_gpu_chain stream
+  san memcheck test_gpu_chain auto
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
