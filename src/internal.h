@@ -41,6 +41,7 @@ typedef struct mm_buffer_layout {
     uint64_t num_tiles;       /* i32: token tiles of this forward                                   */
     uint64_t tile_expert;     /* [max_tiles] i32 local expert of each token tile                    */
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
+    uint64_t tile_rows;       /* [max_tiles] i32 x 2: each tile's first slot row and its tokens     */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
@@ -58,6 +59,10 @@ typedef struct mm_buffer_layout {
 
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
 #define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
+#ifndef MM_SPLITK_COUNTER_STRIDE
+#define MM_SPLITK_COUNTER_STRIDE 1 /* ints from one split-K counter to the next (experiment: 32 puts
+                                    * each in its own 128-byte line, DECISIONS 62's tail) */
+#endif
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 

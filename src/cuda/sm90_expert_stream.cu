@@ -403,7 +403,8 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
             }
         __syncwarp(); /* the warp's partial sums before lane 0's release */
         /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
-        int *counter = (int *)(mine + L.splitk_counters) + ((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp;
+        int *counter = (int *)(mine + L.splitk_counters) +
+                       (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp) * MM_SPLITK_COUNTER_STRIDE;
         int old = 0;
         if (lane == 0) {
             mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
@@ -441,15 +442,18 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     st_params p;
     p.Y = Y;
     p.nkc = Kdim / BK;
+    /* The local ranks' tile counts are read by one thread each while every thread reads the group's
+     * token count (two independent latencies instead of one after the other). */
+    if (threadIdx.x < sh.local_ranks) base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
     p.slots = global_slots(sh, L, peers);
     if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) != GEMM_STREAM) return;
     p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
+    __syncthreads(); /* the tile counts */
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST_STAGES; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
         mm_mbar_init_fence();
         base[0] = 0;
-        for (int r = 0; r < sh.local_ranks; r++)
-            base[r + 1] = base[r] + *(const int32_t *)(peers[sh.first_rank + r] + L.num_tiles) * Y * p.splits;
+        for (int r = 0; r < sh.local_ranks; r++) base[r + 1] = base[r] + base[r + 1] * Y * p.splits;
     }
     __syncthreads();
     p.items = base[sh.local_ranks];

@@ -40,13 +40,14 @@ struct tile_info {
     int e, first, ncols;
 };
 
+/* Two independent loads (the tile's expert, its rows): one memory latency, where reading the
+ * expert's offset and count through its id took two. */
 __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const uint8_t *mine, int tile) {
     tile_info t;
     t.e = ((const int32_t *)(mine + L.tile_expert))[tile];
-    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    const int count = ((const int32_t *)(mine + L.expert_count))[t.e];
-    t.first = ((const int32_t *)(mine + L.expert_offset))[t.e] + start;
-    t.ncols = min(MM_TILE_TOKENS, count - start);
+    const int2 rows = ((const int2 *)(mine + L.tile_rows))[tile];
+    t.first = rows.x;
+    t.ncols = rows.y;
     return t;
 }
 
@@ -281,9 +282,10 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
     __syncthreads(); /* the block's partial sums before thread 0's release */
     if (tid == 0) {
         mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
-        is_last = atomicAdd(counters + entry, 1) == splits - 1;
+        int *counter = counters + entry * MM_SPLITK_COUNTER_STRIDE;
+        is_last = atomicAdd(counter, 1) == splits - 1;
         if (is_last) {
-            counters[entry] = 0;    /* ready for the next forward */
+            *counter = 0;           /* ready for the next forward */
             mm_fence_acq_rel_gpu(); /* acquire: the other splits' partial sums after the count */
         }
     }

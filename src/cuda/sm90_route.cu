@@ -130,6 +130,8 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
         ((int32_t *)(b + L.tile_expert))[tile_before + i] = e;
         ((int32_t *)(b + L.tile_start))[tile_before + i] = i * MM_TILE_TOKENS;
+        ((int2 *)(b + L.tile_rows))[tile_before + i] =
+            make_int2(slot_before + i * MM_TILE_TOKENS, min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
     }
     fill_expert(sh, L, peers, r * sh.E_r + e, (int32_t *)(b + L.slots) + slot_before);
 }
