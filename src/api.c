@@ -213,6 +213,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         l->max_tiles = (int)(Er + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
         l->slots = off;
         off = align_up(off + slots * 4, A);
+        l->slot_scale = off;
+        off = align_up(off + slots * 4, A);
         l->expert_count = off;
         off = align_up(off + Er * 4, A);
         l->expert_offset = off;

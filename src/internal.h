@@ -36,6 +36,7 @@ typedef struct mm_buffer_layout {
     uint64_t p;            /* [T_max, K, H] f32 expert outputs (after the norm), by slot        */
     /* Device backends only (0 bytes on the CPU): the routing of tokens to this rank's experts. */
     uint64_t slots;           /* [R*T_max*K] i32 slot codes (src*T_max + t)*K + k, grouped by expert */
+    uint64_t slot_scale;      /* [R*T_max*K] f32 per slot row: its token's NVFP4 activation scale s  */
     uint64_t expert_count;    /* [E_r] i32 slots routed to each local expert                        */
     uint64_t expert_offset;   /* [E_r+1] i32 where each expert's slots start                        */
     uint64_t num_tiles;       /* i32: token tiles of this forward                                   */

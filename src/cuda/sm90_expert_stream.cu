@@ -206,10 +206,12 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 if (PHASE == PHASE_DOWN) {
                     xsrc = mine + L.act + (size_t)(row0 + lane) * sh.I * 2;
                 } else {
+                    /* The scale from the routing's per-row table: read beside the code, where the
+                     * token's own scale needed the code first. */
+                    scale = ((const float *)(mine + L.slot_scale))[row0 + lane];
                     const bool gth = rank_gathered(sh, L, mine);
                     const slot_info si = gate_up_source(sh, gth, sh.first_rank + r, code, row0 + lane);
                     xsrc = peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
-                    scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
                 }
             }
             for (int kc = kc0; kc < kc1; kc++, n++) {
@@ -306,11 +308,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
         if (lane < ST_COLS) {
             const int code = lane < nc ? ((const int32_t *)(mine + L.slots))[first + lane] : -1;
             float scale = 1.0f;
-            if (PHASE == PHASE_GATE_UP && code >= 0) {
-                const bool gth = rank_gathered(sh, L, mine);
-                const slot_info si = gate_up_source(sh, gth, sh.first_rank + h.r, code, first + lane);
-                scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
-            }
+            if (PHASE == PHASE_GATE_UP && code >= 0) scale = ((const float *)(mine + L.slot_scale))[first + lane];
             col_code[lane] = code;
             col_scale[lane] = scale;
         }
