@@ -11,7 +11,7 @@
  * Against the double product: relative L2 error and the signed bias sum((d - ref) sign(ref)) /
  * sum |ref| (negative: truncation toward zero). K = 2048 and 7168, a few seeds.
  * Build and run on the GPU machine:
- *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -Isrc/cuda dev/sm90_accum_probe.cu -o /tmp/accum && /tmp/accum
+ *   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -Iinclude -Isrc -Isrc/cuda dev/sm90_accum_probe.cu -o /tmp/accum && /tmp/accum
  */
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dev_util.cuh"
+#include "sm90_gemm_common.cuh" /* smem_desc, MM_ACC32, wgmma_fence / commit / wait (-Iinclude -Isrc -Isrc/cuda) */
 
 constexpr int M = 64, N = 64;
 
@@ -31,28 +32,12 @@ __device__ inline int core_offset(int r, int k, int rows) {
     return (k / 8) * (rows * 16) + (r / 8) * 128 + (r % 8) * 16 + (k % 8) * 2;
 }
 
-__device__ inline uint64_t make_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
-    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem);
-    uint64_t d = 0;
-    d |= (uint64_t)((addr >> 4) & 0x3FFF);
-    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
-    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
-    return d; /* base offset 0, no swizzle */
-}
-
-#define ACC32(d)                                                                                   \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),       \
-        "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),     \
-        "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),     \
-        "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
 __device__ inline void wgmma_ss_bf16(float *d, uint64_t da, uint64_t db, int accumulate) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : ACC32(d)
+                 : MM_ACC32(d, 0)
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -84,10 +69,10 @@ __global__ void accum_kernel(const __nv_bfloat16 *A, const __nv_bfloat16 *B, int
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         /* 0: wgmma */
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        wgmma_ss_bf16(dw, make_desc(sa, M * 16, 128), make_desc(sb, N * 16, 128), k0 > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wgmma_fence();
+        wgmma_ss_bf16(dw, smem_desc(sa, M * 16, 128), smem_desc(sb, N * 16, 128), k0 > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
         /* 1: mma.sync, this warp's rows 16 warp .. + 15 */
         uint32_t a[4];
         const int r0 = 16 * warp + g;

@@ -57,10 +57,12 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
         cudaGraphExec_t exec = NULL;
         cudaEvent_t e0 = NULL, e1 = NULL;
         void *flush = NULL;
-        const size_t flush_bytes = 256u << 20;
+        /* MEGAMOE_BENCH_FLUSH_MB (diagnosis only, see `megamoe bench --help`): the flush's size. */
+        const char *env = getenv("MEGAMOE_BENCH_FLUSH_MB");
+        const size_t flush_bytes = (env ? (size_t)strtoul(env, NULL, 10) : 256u) << 20;
         double *times = calloc((size_t)iters, sizeof *times);
         int ok = times && cudaStreamCreate(&s) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
-                 cudaEventCreate(&e1) == cudaSuccess && cudaMalloc(&flush, flush_bytes) == cudaSuccess &&
+                 cudaEventCreate(&e1) == cudaSuccess && (flush_bytes == 0 || cudaMalloc(&flush, flush_bytes) == cudaSuccess) &&
                  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
         if (ok) {
             st = cli_forward_split_on(c, T, K, H, d.x, d.ids, d.w, d.pad, d.y, s);
@@ -69,7 +71,7 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
         }
         for (int it = -1; ok && it < iters; it++) {
             float t = 0;
-            ok = cudaMemsetAsync(flush, it & 0xFF, flush_bytes, s) == cudaSuccess &&
+            ok = (flush_bytes == 0 || cudaMemsetAsync(flush, it & 0xFF, flush_bytes, s) == cudaSuccess) &&
                  cudaEventRecord(e0, s) == cudaSuccess && cudaGraphLaunch(exec, s) == cudaSuccess &&
                  cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
                  cudaEventElapsedTime(&t, e0, e1) == cudaSuccess;

@@ -258,7 +258,11 @@ static const char k_bench_help[] =
     "             on 64-token blocks; auto takes it for BF16 from 4 tokens per expert, and for NVFP4\n"
     "             above 16 per expert when H and I are both 4096 or more).\n"
     "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
-    "             8192^3 bf16 product with cuBLAS on an H200, measured).\n";
+    "             8192^3 bf16 product with cuBLAS on an H200, measured).\n"
+    "\n"
+    "On the GPU each forward is a CUDA-graph replay after writing 256 MB (more than L2 holds), so\n"
+    "no weights or inputs are served from L2. For diagnosis only, MEGAMOE_BENCH_FLUSH_MB=M writes\n"
+    "M MB instead (0: no flush); the recorded benchmarks use the default.\n";
 
 /* Fills n bytes fast from a seed: xorshift64*, 8 bytes a step, each 1 MB chunk from its own seed so
  * the chunks fill in parallel (OpenMP) with the same bytes on any thread count. */

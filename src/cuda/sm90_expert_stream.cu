@@ -11,7 +11,9 @@
  * A token tile of the routing (64 tokens) is taken 16 tokens at a time ("chunks"; decode tiles
  * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
  * a header (steps, tokens, rows, expert, slab, split) and per token its slot code and scale in the
- * row's padding, so the consumers never wait for the routing tables.
+ * row's padding, so the consumers never wait for the routing tables. From 4 slots per expert the
+ * kernel runs in a second layout (st_lay below) whose token rows hold several steps, so one copy
+ * per token brings 4 K steps.
  * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
  * makes at most about one item per resident block, so a split only happens when a phase has fewer
  * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
@@ -67,7 +69,7 @@
 #endif
 #define ST_GXROW (ST_STAGES * 128 + 16) /* grouped layout: a token's row, its K step of every slot */
 
-/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 60):
+/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 61):
  * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
  *   token's K step and 16 B of padding with the token's slot code and scale;
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
