@@ -236,8 +236,6 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
             l->xg_rows = (int)rows;
             l->xg = off;
             off = align_up(off + rows * H * 2, A);
-            l->xg_scale = off;
-            off = align_up(off + rows * 4, A);
         }
         l->error = off;
         off = align_up(off + 16, A);

@@ -47,7 +47,6 @@ typedef struct mm_buffer_layout {
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
-    uint64_t xg_scale;        /* gathered, NVFP4: [xg_rows] f32 the slot's token scale s               */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */

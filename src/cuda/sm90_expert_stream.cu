@@ -204,17 +204,11 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
             int code = -1;
             float scale = 1.0f;
             if (lane < nc) {
-                code = ((const int32_t *)(mine + L.slots))[row0 + lane];
-                if (PHASE == PHASE_DOWN) {
-                    xsrc = mine + L.act + (size_t)(row0 + lane) * sh.I * 2;
-                } else {
-                    /* The scale from the routing's per-row table: read beside the code, where the
-                     * token's own scale needed the code first. */
-                    scale = ((const float *)(mine + L.slot_scale))[row0 + lane];
-                    const bool gth = rank_gathered(sh, L, mine);
-                    const slot_info si = gate_up_source(sh, gth, sh.first_rank + r, code, row0 + lane);
-                    xsrc = peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
-                }
+                const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+                slot_info si;
+                code = tile_column<PHASE, true>(sh, L, peers, mine, gth, sh.first_rank + r, row0, nc, lane, &si, &scale);
+                xsrc = PHASE == PHASE_DOWN ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
+                                           : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
             }
             for (int kc = kc0; kc < kc1; kc++, n++) {
                 const int slot = n % ST_STAGES;
@@ -308,11 +302,9 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
         const int nc = min(ST_COLS, tcols - chunk * ST_COLS), first = tfirst + chunk * ST_COLS;
         __syncwarp(); /* the previous chunk's epilogue has read the column table */
         if (lane < ST_COLS) {
-            const int code = lane < nc ? ((const int32_t *)(mine + L.slots))[first + lane] : -1;
-            float scale = 1.0f;
-            if (PHASE == PHASE_GATE_UP && code >= 0) scale = ((const float *)(mine + L.slot_scale))[first + lane];
-            col_code[lane] = code;
-            col_scale[lane] = scale;
+            slot_info si; /* unused: the epilogue decodes the codes itself */
+            col_code[lane] = tile_column<PHASE, true>(sh, L, peers, mine, false, sh.first_rank + h.r, first, nc, lane, &si,
+                                                      &col_scale[lane]);
         }
         __syncwarp();
         /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1)

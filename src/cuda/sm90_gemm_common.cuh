@@ -25,14 +25,13 @@
 
 enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
-/* Where a gate/up column reads its 16-bit activation row and (NVFP4) its scale s: the staged token on
- * its home rank (x_f16 or x, and x_scale, at row `token` of peers[src]), or where the ranks gathered
- * (g = rank_gathered) rank me's own copy at the slot's row (L.xg, sm90_gather_kernel). */
+/* Where a gate/up column reads its 16-bit activation row: the staged token on its home rank (x_f16 or
+ * x at row `token` of peers[src]), or where the ranks gathered (g = rank_gathered) rank me's own copy
+ * at the slot's row (L.xg, sm90_gather_kernel). Its scale s is the routing's per-row copy, slot_scale. */
 __device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, bool g, int me, int code, int row) {
     if (g) return {me, row, 0};
     return decode_slot(sh, code);
 }
-__device__ __forceinline__ uint64_t gate_up_scales(const mm_buffer_layout &L, bool g) { return g ? L.xg_scale : L.x_scale; }
 
 /* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)
  * and its tokens (at most MM_TILE_TOKENS). */
@@ -53,7 +52,8 @@ __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const 
 
 /* Column i of rank me's token tile whose slots start at `first` (mine = peers[me]): the slot's code
  * (-1 from ncols on), its home rank and token (gate/up: its gate_up_source; 0 for -1), and in *scale
- * the token's activation scale s for the NVFP4 gate/up (1 otherwise). */
+ * the token's activation scale s for the NVFP4 gate/up (1 otherwise), read beside the code from the
+ * routing's slot_scale. */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const uint8_t *mine, bool g, int me, int first, int ncols, int i,
@@ -61,8 +61,7 @@ __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buff
     const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
     *si = {0, 0, 0};
     if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, g, me, code, first + i) : decode_slot(sh, code);
-    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(L, g)))[si->token]
-                                                          : 1.0f;
+    *scale = i < ncols && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(mine + L.slot_scale))[first + i] : 1.0f;
     return code;
 }
 

@@ -165,8 +165,8 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 }
 
 /* One warp per slot row of rank first_rank + blockIdx.y (rows walked by the grid): the row's H 16-bit
- * values (x_f16 for NVFP4, x for BF16) from the token's home rank to row `row` of xg, and its scale s to xg_scale.
- * The copies are exact, so y does not depend on whether a rank gathered. */
+ * values (x_f16 for NVFP4, x for BF16) from the token's home rank to row `row` of xg (its scale is
+ * the routing's slot_scale). The copies are exact, so y does not depend on whether a rank gathered. */
 #define GATHER_THREADS 256
 #define GATHER_UNROLL 4
 __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L,
@@ -194,8 +194,6 @@ __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shap
                 if (c < chunks) dst[c] = v[u];
             }
         }
-        if (lane == 0 && sh.nvfp4)
-            ((float *)(mine + L.xg_scale))[row] = ((const float *)(peers[si.src] + L.x_scale))[si.token];
     }
 }
 
