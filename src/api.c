@@ -213,6 +213,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         l->max_tiles = (int)(Er + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
         l->slots = off;
         off = align_up(off + slots * 4, A);
+        l->slot_scale = off;
+        off = align_up(off + slots * 4, A);
         l->expert_count = off;
         off = align_up(off + Er * 4, A);
         l->expert_offset = off;
@@ -223,6 +225,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         off = align_up(off + (uint64_t)l->max_tiles * 4, A);
         l->tile_start = off;
         off = align_up(off + (uint64_t)l->max_tiles * 4, A);
+        l->tile_rows = off;
+        off = align_up(off + (uint64_t)l->max_tiles * 8, A);
         l->x_f16 = off;
         off = align_up(off + T * H * 2, A);
         l->act = off;
@@ -232,8 +236,6 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
             l->xg_rows = (int)rows;
             l->xg = off;
             off = align_up(off + rows * H * 2, A);
-            l->xg_scale = off;
-            off = align_up(off + rows * 4, A);
         }
         l->error = off;
         off = align_up(off + 16, A);
@@ -242,7 +244,7 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         l->splitk_ws = off;
         off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4, A);
         l->splitk_counters = off;
-        off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 4, A);
+        off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * MM_SPLITK_COUNTER_STRIDE * 4, A);
         l->barrier = off;
         off = align_up(off + (R + 1) * 8, A);
     }

@@ -36,16 +36,17 @@ typedef struct mm_buffer_layout {
     uint64_t p;            /* [T_max, K, H] f32 expert outputs (after the norm), by slot        */
     /* Device backends only (0 bytes on the CPU): the routing of tokens to this rank's experts. */
     uint64_t slots;           /* [R*T_max*K] i32 slot codes (src*T_max + t)*K + k, grouped by expert */
+    uint64_t slot_scale;      /* [R*T_max*K] f32 per slot row: its token's NVFP4 activation scale s  */
     uint64_t expert_count;    /* [E_r] i32 slots routed to each local expert                        */
     uint64_t expert_offset;   /* [E_r+1] i32 where each expert's slots start                        */
     uint64_t num_tiles;       /* i32: token tiles of this forward                                   */
     uint64_t tile_expert;     /* [max_tiles] i32 local expert of each token tile                    */
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
+    uint64_t tile_rows;       /* [max_tiles] i32 x 2: each tile's first slot row and its tokens     */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
-    uint64_t xg_scale;        /* gathered, NVFP4: [xg_rows] f32 the slot's token scale s               */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
@@ -58,6 +59,10 @@ typedef struct mm_buffer_layout {
 
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
 #define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
+#ifndef MM_SPLITK_COUNTER_STRIDE
+#define MM_SPLITK_COUNTER_STRIDE 1 /* ints from one split-K counter to the next (experiment: 32 puts
+                                    * each in its own 128-byte line, DECISIONS 62's tail) */
+#endif
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 

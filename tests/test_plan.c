@@ -134,18 +134,19 @@ static void test_layout_reserves_the_workspace(void **state) {
     mm_buffer_layout_compute(64, 8, 7168, 1, 1, 2, 128, 2048, &l);
     assert_true(l.splitk_counters - l.splitk_ws >= (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4);
     assert_true(l.barrier - l.splitk_counters >= (uint64_t)MM_SPLITK_ENTRIES * 4);
-    /* The gathered gate/up input: a 16-bit row of H and a scale per slot row it holds, min(R,
-     * MM_GATHER_CAP) * T_max * K of them. */
+    /* The gathered gate/up input: a 16-bit row of H per slot row it holds, min(R, MM_GATHER_CAP) *
+     * T_max * K of them (the scales are the routing's slot_scale, one per slot row of the rank). */
     const uint64_t rows = (uint64_t)(2 < MM_GATHER_CAP ? 2 : MM_GATHER_CAP) * 64 * 8;
     assert_true(l.xg > 0 && l.xg_rows == (int)rows);
-    assert_true(l.xg_scale - l.xg >= rows * 7168 * 2 && l.error - l.xg_scale >= rows * 4);
+    assert_true(l.error - l.xg >= rows * 7168 * 2);
+    assert_true(l.expert_count - l.slot_scale >= (uint64_t)2 * 64 * 8 * 4); /* a scale per slot row of the rank */
     mm_buffer_layout ep8;
     mm_buffer_layout_compute(64, 8, 7168, 1, 1, 8, 32, 2048, &ep8); /* EP8: capped, not 8 T_max K */
     assert_int_equal(ep8.xg_rows, MM_GATHER_CAP * 64 * 8);
-    assert_true(ep8.xg_scale - ep8.xg >= (uint64_t)ep8.xg_rows * 7168 * 2);
+    assert_true(ep8.error - ep8.xg >= (uint64_t)ep8.xg_rows * 7168 * 2);
     mm_buffer_layout one;
     mm_buffer_layout_compute(64, 8, 7168, 1, 0, 2, 128, 2048, &one); /* one process: no gathered copy */
-    assert_true(one.xg == 0 && one.xg_scale == 0 && one.xg_rows == 0 && one.total < l.total);
+    assert_true(one.xg == 0 && one.xg_rows == 0 && one.total < l.total);
 }
 
 /* The warp-specialized kernel's items 0 .. nrb * tiles - 1 place every (tile, row block) exactly once,

@@ -161,12 +161,14 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
 
 /* One rank's expert offsets and tile list, in expert order, by one block (experts in chunks of
  * blockDim.x with a block-wide scan), from the counts count_of(e); on_expert(e, count, offset) sees
- * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start and num_tiles of buffer b. */
+ * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start, tile_rows and num_tiles of
+ * buffer b. */
 template <typename CountOf, typename OnExpert>
 __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b,
                                                   CountOf count_of, OnExpert on_expert) {
     int32_t *offset = (int32_t *)(b + L.expert_offset);
     int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
+    int2 *tile_rows = (int2 *)(b + L.tile_rows);
     int slot_base = 0, tile_base = 0;
     for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
         const int e = e0 + threadIdx.x;
@@ -180,6 +182,8 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
             for (int i = 0; i < tiles; i++) {
                 tile_expert[tile_base + tile_off + i] = e;
                 tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
+                tile_rows[tile_base + tile_off + i] = make_int2(slot_base + slot_off + i * MM_TILE_TOKENS,
+                                                               min(MM_TILE_TOKENS, n - i * MM_TILE_TOKENS));
             }
         }
         slot_base += slot_total;

@@ -204,15 +204,11 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
             int code = -1;
             float scale = 1.0f;
             if (lane < nc) {
-                code = ((const int32_t *)(mine + L.slots))[row0 + lane];
-                if (PHASE == PHASE_DOWN) {
-                    xsrc = mine + L.act + (size_t)(row0 + lane) * sh.I * 2;
-                } else {
-                    const bool gth = rank_gathered(sh, L, mine);
-                    const slot_info si = gate_up_source(sh, gth, sh.first_rank + r, code, row0 + lane);
-                    xsrc = peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
-                    scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
-                }
+                const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+                slot_info si;
+                code = tile_column<PHASE, true>(sh, L, peers, mine, gth, sh.first_rank + r, row0, nc, lane, &si, &scale);
+                xsrc = PHASE == PHASE_DOWN ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
+                                           : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
             }
             for (int kc = kc0; kc < kc1; kc++, n++) {
                 const int slot = n % ST_STAGES;
@@ -306,15 +302,9 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
         const int nc = min(ST_COLS, tcols - chunk * ST_COLS), first = tfirst + chunk * ST_COLS;
         __syncwarp(); /* the previous chunk's epilogue has read the column table */
         if (lane < ST_COLS) {
-            const int code = lane < nc ? ((const int32_t *)(mine + L.slots))[first + lane] : -1;
-            float scale = 1.0f;
-            if (PHASE == PHASE_GATE_UP && code >= 0) {
-                const bool gth = rank_gathered(sh, L, mine);
-                const slot_info si = gate_up_source(sh, gth, sh.first_rank + h.r, code, first + lane);
-                scale = ((const float *)(peers[si.src] + gate_up_scales(L, gth)))[si.token];
-            }
-            col_code[lane] = code;
-            col_scale[lane] = scale;
+            slot_info si; /* unused: the epilogue decodes the codes itself */
+            col_code[lane] = tile_column<PHASE, true>(sh, L, peers, mine, false, sh.first_rank + h.r, first, nc, lane, &si,
+                                                      &col_scale[lane]);
         }
         __syncwarp();
         /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1)
@@ -405,7 +395,8 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
             }
         __syncwarp(); /* the warp's partial sums before lane 0's release */
         /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
-        int *counter = (int *)(mine + L.splitk_counters) + ((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp;
+        int *counter = (int *)(mine + L.splitk_counters) +
+                       (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp) * MM_SPLITK_COUNTER_STRIDE;
         int old = 0;
         if (lane == 0) {
             mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
@@ -443,15 +434,18 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     st_params p;
     p.Y = Y;
     p.nkc = Kdim / BK;
+    /* The local ranks' tile counts are read by one thread each while every thread reads the group's
+     * token count (two independent latencies instead of one after the other). */
+    if (threadIdx.x < sh.local_ranks) base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
     p.slots = global_slots(sh, L, peers);
     if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) != GEMM_STREAM) return;
     p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
+    __syncthreads(); /* the tile counts */
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST_STAGES; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
         mm_mbar_init_fence();
         base[0] = 0;
-        for (int r = 0; r < sh.local_ranks; r++)
-            base[r + 1] = base[r] + *(const int32_t *)(peers[sh.first_rank + r] + L.num_tiles) * Y * p.splits;
+        for (int r = 0; r < sh.local_ranks; r++) base[r + 1] = base[r] + base[r + 1] * Y * p.splits;
     }
     __syncthreads();
     p.items = base[sh.local_ranks];

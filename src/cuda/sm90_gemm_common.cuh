@@ -25,14 +25,13 @@
 
 enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
-/* Where a gate/up column reads its 16-bit activation row and (NVFP4) its scale s: the staged token on
- * its home rank (x_f16 or x, and x_scale, at row `token` of peers[src]), or where the ranks gathered
- * (g = rank_gathered) rank me's own copy at the slot's row (L.xg, sm90_gather_kernel). */
+/* Where a gate/up column reads its 16-bit activation row: the staged token on its home rank (x_f16 or
+ * x at row `token` of peers[src]), or where the ranks gathered (g = rank_gathered) rank me's own copy
+ * at the slot's row (L.xg, sm90_gather_kernel). Its scale s is the routing's per-row copy, slot_scale. */
 __device__ __forceinline__ slot_info gate_up_source(const mm_dev_shape &sh, bool g, int me, int code, int row) {
     if (g) return {me, row, 0};
     return decode_slot(sh, code);
 }
-__device__ __forceinline__ uint64_t gate_up_scales(const mm_buffer_layout &L, bool g) { return g ? L.xg_scale : L.x_scale; }
 
 /* A token tile of a rank's routing: its local expert, its first row of the rank's slots (and of act)
  * and its tokens (at most MM_TILE_TOKENS). */
@@ -40,19 +39,21 @@ struct tile_info {
     int e, first, ncols;
 };
 
+/* Two independent loads (the tile's expert, its rows): one memory latency, where reading the
+ * expert's offset and count through its id took two. */
 __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const uint8_t *mine, int tile) {
     tile_info t;
     t.e = ((const int32_t *)(mine + L.tile_expert))[tile];
-    const int start = ((const int32_t *)(mine + L.tile_start))[tile];
-    const int count = ((const int32_t *)(mine + L.expert_count))[t.e];
-    t.first = ((const int32_t *)(mine + L.expert_offset))[t.e] + start;
-    t.ncols = min(MM_TILE_TOKENS, count - start);
+    const int2 rows = ((const int2 *)(mine + L.tile_rows))[tile];
+    t.first = rows.x;
+    t.ncols = rows.y;
     return t;
 }
 
 /* Column i of rank me's token tile whose slots start at `first` (mine = peers[me]): the slot's code
  * (-1 from ncols on), its home rank and token (gate/up: its gate_up_source; 0 for -1), and in *scale
- * the token's activation scale s for the NVFP4 gate/up (1 otherwise). */
+ * the token's activation scale s for the NVFP4 gate/up (1 otherwise), read beside the code from the
+ * routing's slot_scale. */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const uint8_t *mine, bool g, int me, int first, int ncols, int i,
@@ -60,8 +61,7 @@ __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buff
     const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
     *si = {0, 0, 0};
     if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, g, me, code, first + i) : decode_slot(sh, code);
-    *scale = code >= 0 && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(peers[si->src] + gate_up_scales(L, g)))[si->token]
-                                                          : 1.0f;
+    *scale = i < ncols && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(mine + L.slot_scale))[first + i] : 1.0f;
     return code;
 }
 
@@ -281,9 +281,10 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
     __syncthreads(); /* the block's partial sums before thread 0's release */
     if (tid == 0) {
         mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
-        is_last = atomicAdd(counters + entry, 1) == splits - 1;
+        int *counter = counters + entry * MM_SPLITK_COUNTER_STRIDE;
+        is_last = atomicAdd(counter, 1) == splits - 1;
         if (is_last) {
-            counters[entry] = 0;    /* ready for the next forward */
+            *counter = 0;           /* ready for the next forward */
             mm_fence_acq_rel_gpu(); /* acquire: the other splits' partial sums after the count */
         }
     }

@@ -16,9 +16,10 @@
 #define ROUTE_SMALL_SLOTS 4096   /* slots of a forward routed by the one-kernel path */
 #define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
-/* Calls f(code, match) for every staged slot of every home rank, blockDim.x at a time, in order;
- * all threads of the block take part in every call. */
-template <typename F>
+/* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
+ * order; all threads of the block take part in every call. SCALE: scale is the slot's token's
+ * NVFP4 activation scale (read beside its id), else 1. */
+template <bool SCALE = false, typename F>
 __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
                               F f) {
     for (int src = 0; src < sh.R; src++) {
@@ -28,8 +29,9 @@ __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L,
         const uint8_t *state = b + L.token_state;
         for (int j0 = 0; j0 < n; j0 += blockDim.x) {
             const int j = j0 + threadIdx.x;
+            const float scale = SCALE && sh.nvfp4 && j < n ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
             const bool match = j < n && ids[j] == expert && state[j / sh.K] == MM_TOKEN_LIVE;
-            f((src * sh.T_max) * sh.K + j, match);
+            f((src * sh.T_max) * sh.K + j, match, scale);
         }
     }
 }
@@ -38,7 +40,7 @@ __global__ void sm90_route_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     mm_wait_previous();
     const int e = blockIdx.x, r = sh.first_rank + blockIdx.y, expert = r * sh.E_r + e;
     int count = 0;
-    for_each_slot(sh, L, peers, expert, [&](int, bool match) { count += __syncthreads_count(match); });
+    for_each_slot(sh, L, peers, expert, [&](int, bool match, float) { count += __syncthreads_count(match); });
     if (threadIdx.x == 0) ((int32_t *)(peers[r] + L.expert_count))[e] = count;
 }
 
@@ -51,13 +53,14 @@ __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     route_write_tiles(sh, L, b, [&](int e) { return count[e]; }, [](int, int, int) {});
 }
 
-/* Writes the slot codes routed to global expert `expert`, in order, from slots[0] on. */
+/* Writes the slot codes routed to global expert `expert`, in order, from slots[0] on, and their
+ * tokens' activation scales from scales[0] on (NVFP4; 1 for BF16). */
 __device__ void fill_expert(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
-                            int32_t *slots) {
+                            int32_t *slots, float *scales) {
     __shared__ int warp_counts[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int pos = 0;
-    for_each_slot(sh, L, peers, expert, [&](int code, bool match) {
+    for_each_slot<true>(sh, L, peers, expert, [&](int code, bool match, float scale) {
         const unsigned ballot = __ballot_sync(0xFFFFFFFFu, match);
         if (lane == 0) warp_counts[warp] = __popc(ballot);
         __syncthreads();
@@ -66,7 +69,11 @@ __device__ void fill_expert(const mm_dev_shape &sh, const mm_buffer_layout &L, u
             before += w < warp ? warp_counts[w] : 0;
             total += warp_counts[w];
         }
-        if (match) slots[pos + before + __popc(ballot & ((1u << lane) - 1u))] = code;
+        if (match) {
+            const int at = pos + before + __popc(ballot & ((1u << lane) - 1u));
+            slots[at] = code;
+            scales[at] = scale;
+        }
         pos += total;
         __syncthreads();
     });
@@ -75,8 +82,9 @@ __device__ void fill_expert(const mm_dev_shape &sh, const mm_buffer_layout &L, u
 __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
     mm_wait_previous();
     const int e = blockIdx.x, r = sh.first_rank + blockIdx.y;
-    fill_expert(sh, L, peers, r * sh.E_r + e,
-                (int32_t *)(peers[r] + L.slots) + ((const int32_t *)(peers[r] + L.expert_offset))[e]);
+    const int off = ((const int32_t *)(peers[r] + L.expert_offset))[e];
+    fill_expert(sh, L, peers, r * sh.E_r + e, (int32_t *)(peers[r] + L.slots) + off,
+                (float *)(peers[r] + L.slot_scale) + off);
 }
 
 /* A forward with few slots (one process; the host checks ROUTE_SMALL_SLOTS): count, offsets, tiles
@@ -130,8 +138,11 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
         ((int32_t *)(b + L.tile_expert))[tile_before + i] = e;
         ((int32_t *)(b + L.tile_start))[tile_before + i] = i * MM_TILE_TOKENS;
+        ((int2 *)(b + L.tile_rows))[tile_before + i] =
+            make_int2(slot_before + i * MM_TILE_TOKENS, min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
     }
-    fill_expert(sh, L, peers, r * sh.E_r + e, (int32_t *)(b + L.slots) + slot_before);
+    fill_expert(sh, L, peers, r * sh.E_r + e, (int32_t *)(b + L.slots) + slot_before,
+                (float *)(b + L.slot_scale) + slot_before);
 }
 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
@@ -154,8 +165,8 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 }
 
 /* One warp per slot row of rank first_rank + blockIdx.y (rows walked by the grid): the row's H 16-bit
- * values (x_f16 for NVFP4, x for BF16) from the token's home rank to row `row` of xg, and its scale s to xg_scale.
- * The copies are exact, so y does not depend on whether a rank gathered. */
+ * values (x_f16 for NVFP4, x for BF16) from the token's home rank to row `row` of xg (its scale is
+ * the routing's slot_scale). The copies are exact, so y does not depend on whether a rank gathered. */
 #define GATHER_THREADS 256
 #define GATHER_UNROLL 4
 __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L,
@@ -183,8 +194,6 @@ __global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shap
                 if (c < chunks) dst[c] = v[u];
             }
         }
-        if (lane == 0 && sh.nvfp4)
-            ((float *)(mine + L.xg_scale))[row] = ((const float *)(peers[si.src] + L.x_scale))[si.token];
     }
 }
 

@@ -15,7 +15,9 @@
 __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                        int *hist) {
     __shared__ int code_of[ROUTE_FEW_SLOTS], expert_of[ROUTE_FEW_SLOTS];
-    /* Every staged slot in (home rank, token, slot) order: its code, and its expert (-1: not routed). */
+    __shared__ float scale_of[ROUTE_FEW_SLOTS];
+    /* Every staged slot in (home rank, token, slot) order: its code, its expert (-1: not routed) and
+     * its token's activation scale (read beside the id: no latency of its own). */
     int n = 0;
     for (int src = 0; src < sh.R; src++) {
         const uint8_t *b = peers[src];
@@ -25,6 +27,7 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
             const bool live = __ldcg(b + L.token_state + j / sh.K) == MM_TOKEN_LIVE;
             code_of[n + j] = src * sh.T_max * sh.K + j;
             expert_of[n + j] = live && id >= 0 && id < sh.E ? id : -1;
+            scale_of[n + j] = sh.nvfp4 ? __ldcg((const float *)(b + L.x_scale) + j / sh.K) : 1.0f;
         }
         n += ns;
     }
@@ -48,12 +51,14 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
         __syncthreads();
         /* Each slot at its expert's first slot plus the earlier slots of that expert. */
         int32_t *slots = (int32_t *)(b + L.slots);
+        float *slot_scale = (float *)(b + L.slot_scale);
         for (int j = threadIdx.x; j < n; j += blockDim.x) {
             const int x = expert_of[j], local = x - lo;
             if (x < 0 || local < 0 || local >= sh.E_r) continue;
             int before = 0;
             for (int i = 0; i < j; i++) before += expert_of[i] == x;
             slots[hist[local] + before] = code_of[j];
+            slot_scale[hist[local] + before] = scale_of[j];
         }
         __syncthreads();
     }
