@@ -237,7 +237,11 @@ static void test_grid_small(void **state) {
         /* Every token of R = 4, 8 ranks on rank 0's expert 1: 256 slot rows, more than the gathered
          * copy holds (MM_GATHER_CAP * T_max * K = 128), so a gathering build reads them in place. */
         {8, 1, 256, 256, 256, 64, 1},
+        /* 192 slots on 256 experts (~135 reached, ~540 gate/up items): the streaming kernel's
+         * instantiation with one block per SM more (plan_stream_more_blocks) */
+        {256, 4, 256, 256, 48, 48, 0},
     };
+    assert_true(plan_stream_more_blocks(48 * 4, 256, 256, 2 * 256 / 128, 256 / 64, MM_PLAN_SMS));
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);

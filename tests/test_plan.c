@@ -59,6 +59,16 @@ static void test_stream_splits_fit_the_workspace(void **state) {
     /* DeepSeek-V3-like T = 1 (8 slots): gate/up in 2 splits, down unsplit (measured best, gemm_plan.h) */
     assert_int_equal(plan_stream_splits(8, 256, 2 * 2048 / 128, 7168 / 64), 2);
     assert_int_equal(plan_stream_splits(8, 256, 7168 / 128, 2048 / 64), 1);
+    /* One block per SM more only for an unsplit phase of ~4-5 items per SM: Qwen3-like T = 8's gate/up
+     * (64 slots reach ~50 of 128 experts: ~600 items of 12 slabs), not its down projection (~800),
+     * nor T = 1 (split), T = 32 (~1300), DeepSeek-V3-like T = 8 (~1800) or Mixtral-like T = 8 */
+    assert_true(plan_stream_more_blocks(64, 128, 128, 2 * 768 / 128, 2048 / 64, MM_PLAN_SMS));
+    assert_false(plan_stream_more_blocks(64, 128, 128, 2048 / 128, 768 / 64, MM_PLAN_SMS));
+    assert_false(plan_stream_more_blocks(8, 128, 128, 2 * 768 / 128, 2048 / 64, MM_PLAN_SMS));
+    assert_false(plan_stream_more_blocks(256, 128, 128, 2 * 768 / 128, 2048 / 64, MM_PLAN_SMS));
+    assert_false(plan_stream_more_blocks(64, 256, 256, 2 * 2048 / 128, 7168 / 64, MM_PLAN_SMS));
+    assert_false(plan_stream_more_blocks(16, 8, 8, 2 * 14336 / 128, 4096 / 64, MM_PLAN_SMS));
+    assert_false(plan_stream_more_blocks(0, 128, 128, 12, 32, MM_PLAN_SMS));
 }
 
 static void wgmma_case(int E, int K, int H, int I, long slots, int y, int nkc) {

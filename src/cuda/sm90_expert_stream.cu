@@ -56,6 +56,9 @@
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
+#ifndef ST_STAGES_MORE
+#define ST_STAGES_MORE 6 /* ring slots of the instantiation with one block per SM more (plan_stream_more_blocks) */
+#endif
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
 #ifndef ST_XG
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG neighbouring ring slots) */
@@ -67,7 +70,6 @@
 #ifndef ST_XG_MIN_AVG
 #define ST_XG_MIN_AVG 4 /* the grouped layout from this many slots per expert (the group's average) */
 #endif
-#define ST_GXROW (ST_STAGES * 128 + 16) /* grouped layout: a token's row, its K step of every slot */
 
 /* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 61):
  * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
@@ -78,19 +80,22 @@
  *   expert 1-11% faster (DSv3 T = 256 2.508 -> 2.276 ms, Mixtral T = 32 0.366 -> 0.326, Qwen3 T =
  *   128 0.200 -> 0.186), at ~1 token per expert 4-5% slower (DSv3 T = 8 0.450 -> 0.473), also with
  *   no grouping at all: the layout, not the grouping, costs there. */
-template <bool XG>
+template <bool XG, int B = ST_BLOCKS_PER_SM>
 struct st_lay {
+    static constexpr bool grouped = XG;
+    static constexpr int stages = B > ST_BLOCKS_PER_SM ? ST_STAGES_MORE : ST_STAGES;
+    static constexpr int gxrow = stages * 128 + 16; /* grouped layout: a token's row, its K step of every slot */
     static constexpr int slot = ST_CODES + ST_SCALES + (XG ? ST_COLS * 8 : ST_COLS * ST_XROW);
-    static constexpr int xrow = XG ? ST_GXROW : ST_XROW;
-    static constexpr int smem = ST_STAGES * slot + (XG ? ST_COLS * ST_GXROW : 0);
+    static constexpr int xrow = XG ? gxrow : ST_XROW;
+    static constexpr int smem = stages * slot + (XG ? ST_COLS * gxrow : 0);
     static constexpr int group = XG ? ST_XG : 1;
     static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
-    static_assert(slot % 128 == 0 && ST_STAGES % group == 0, "aligned slots, whole groups");
-    static_assert(ST_BLOCKS_PER_SM * (smem + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
+    static_assert(slot % 128 == 0 && stages % group == 0, "aligned slots, whole groups");
+    static_assert(B * (smem + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
     /* The weights of a slot; its token rows (token t's at + t * xrow); token t's code and scale. */
     static __device__ __forceinline__ uint8_t *w(uint8_t *ring, int s) { return ring + s * slot; }
     static __device__ __forceinline__ uint8_t *x(uint8_t *ring, int s) {
-        return XG ? ring + ST_STAGES * slot + s * 128 : ring + s * slot + ST_CODES + ST_SCALES;
+        return XG ? ring + stages * slot + s * 128 : ring + s * slot + ST_CODES + ST_SCALES;
     }
     static __device__ __forceinline__ uint8_t *meta(uint8_t *ring, int s, int t) {
         return ring + s * slot + ST_CODES + ST_SCALES + (XG ? t * 8 : t * ST_XROW + 128);
@@ -173,17 +178,18 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
     tile = local / (p.splits * p.Y);
 }
 
-template <int PHASE, bool XG>
+template <int PHASE, class lay>
 __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const mm_dev_weights *weights, const st_params &p, const int *base,
                                            uint8_t *ring, uint64_t *full, uint64_t *empty, st_header *hdr) {
     const int lane = threadIdx.x & 31;
     const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
-    using lay = st_lay<XG>;
+    constexpr bool XG = lay::grouped;
+    constexpr int S = lay::stages;
     int n = 0; /* steps issued */
     /* Waits until the consumers have released the step that used step m's slot before it. */
     auto wait_free = [&](int m) {
-        if (m >= ST_STAGES && lane == 0) mm_mbar_wait_parity(&empty[m % ST_STAGES], ((m / ST_STAGES) - 1) & 1);
+        if (m >= S && lane == 0) mm_mbar_wait_parity(&empty[m % S], ((m / S) - 1) & 1);
         __syncwarp();
     };
     for (int i = blockIdx.x; i < p.items; i += gridDim.x) {
@@ -211,7 +217,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                                            : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
             }
             for (int kc = kc0; kc < kc1; kc++, n++) {
-                const int slot = n % ST_STAGES;
+                const int slot = n % S;
                 /* Grouped layout: the token rows of a group of ST_XG slots come in one copy per token,
                  * issued with the group's first step (or the chunk's first, mid-group) for the steps
                  * up to the group's end or the chunk's; their bytes complete on this step's barrier,
@@ -244,7 +250,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
             }
         }
     }
-    const int slot = n % ST_STAGES; /* the end marker */
+    const int slot = n % S; /* the end marker */
     wait_free(n);
     if (lane == 0) {
         hdr[slot].steps = 0;
@@ -324,7 +330,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
 
 /* One consumer warp's K steps of one chunk of NT n-tiles (8 tokens each), then split-K and the
  * epilogue. n: the block's step count, advanced past the chunk. */
-template <int PHASE, bool XG, int NT>
+template <int PHASE, class lay, int NT>
 __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
                                                  uint8_t *const *peers, const mm_dev_weights *weights,
                                                  const st_params &p, const st_header &h, uint8_t *ring,
@@ -340,9 +346,9 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll(st_unroll)
 #endif
     for (int step = 0; step < h.steps; step++, n++) {
-        const int slot = n % ST_STAGES;
-        mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
-        const uint8_t *src = st_lay<XG>::w(ring, slot);
+        const int slot = n % lay::stages;
+        mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
+        const uint8_t *src = lay::w(ring, slot);
         a_raw<true> w[GROUPS_PER_WARP];
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++) { /* the warp's groups 2 warp + q of the slab */
@@ -353,7 +359,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int tok = nt * 8 + g;
-            const uint8_t *row = st_lay<XG>::x(ring, slot) + tok * st_lay<XG>::xrow + 4 * c;
+            const uint8_t *row = lay::x(ring, slot) + tok * lay::xrow + 4 * c;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
 #if MM_STREAM_B_UNPRED
@@ -416,16 +422,17 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     return false;
 }
 
-template <int PHASE, bool XG>
-__global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
+template <int PHASE, bool XG, int B>
+__global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force) {
     if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
     mm_wait_previous();
     if (threadIdx.x == 0) ST_STAMP(ST_T_WAITED);
     extern __shared__ __align__(128) uint8_t ring[];
-    __shared__ __align__(8) uint64_t full[ST_STAGES], empty[ST_STAGES];
-    __shared__ st_header hdr[ST_STAGES];
+    using lay = st_lay<XG, B>;
+    __shared__ __align__(8) uint64_t full[lay::stages], empty[lay::stages];
+    __shared__ st_header hdr[lay::stages];
     __shared__ int base[ST_MAX_LOCAL + 1];
     __shared__ int col_code[ST_WARPS][ST_COLS];
     __shared__ float col_scale[ST_WARPS][ST_COLS];
@@ -442,7 +449,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
     __syncthreads(); /* the tile counts */
     if (threadIdx.x == 0) {
-        for (int i = 0; i < ST_STAGES; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
+        for (int i = 0; i < lay::stages; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
         mm_mbar_init_fence();
         base[0] = 0;
         for (int r = 0; r < sh.local_ranks; r++) base[r + 1] = base[r] + base[r + 1] * Y * p.splits;
@@ -462,7 +469,7 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp == ST_WARPS) {
-        st_produce<PHASE, XG>(sh, L, peers, weights, p, base, ring, full, empty, hdr);
+        st_produce<PHASE, lay>(sh, L, peers, weights, p, base, ring, full, empty, hdr);
         return;
     }
     int n = 0; /* steps consumed */
@@ -470,22 +477,22 @@ __global__ void __launch_bounds__(ST_THREADS, ST_BLOCKS_PER_SM)
     int chunks = 0;
 #endif
     for (;;) {
-        const int slot = n % ST_STAGES;
-        mm_mbar_wait_parity(&full[slot], (n / ST_STAGES) & 1);
+        const int slot = n % lay::stages;
+        mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
         const st_header h = hdr[slot];
         if (warp == 0 && lane == 0 && n == 0) ST_STAMP(ST_T_FIRST_FULL);
         if (warp == 0 && lane == 0 && h.steps == 0) ST_STAMP(ST_T_DONE);
         if (h.steps == 0) break;
         if (lane < ST_COLS) {
-            const uint8_t *pad = st_lay<XG>::meta(ring, slot, lane);
+            const uint8_t *pad = lay::meta(ring, slot, lane);
             col_code[warp][lane] = *(const int *)pad;
             col_scale[warp][lane] = *(const float *)(pad + 4);
         }
         __syncwarp();
         const bool last =
             h.ncols > 8
-                ? st_consume_chunk<PHASE, XG, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
-                : st_consume_chunk<PHASE, XG, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+                ? st_consume_chunk<PHASE, lay, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
+                : st_consume_chunk<PHASE, lay, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
 #if MM_STREAM_TRACE
         if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_CHUNK); /* its first chunk consumed */
@@ -501,15 +508,25 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     int sms = 0;
     MM_CUDA_TRY(mm_device_sms(&sms));
     /* A persistent grid; the items of a forward are known on the device only, bounded here. */
-    const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
-    const long bound = (long)sh.local_ranks * tiles * Y * 16;
-    const int grid = (int)(bound < (long)ST_BLOCKS_PER_SM * sms ? bound : (long)ST_BLOCKS_PER_SM * sms);
-    if (grid <= 0) return MEGAMOE_OK;
-    /* The layout from the average slots per expert (host-known; numerics are the same in both). */
+    const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
+    /* The layout from the average slots per expert (host-known; numerics are the same in all three
+     * instantiations); in the per-slot layout one block per SM more where the phase's items would
+     * otherwise leave a short second round (plan_stream_more_blocks). */
     const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
-    const int smem = xg ? st_lay<true>::smem : st_lay<false>::smem;
-    auto kernel = phase == PHASE_GATE_UP ? (xg ? sm90_expert_stream_kernel<PHASE_GATE_UP, true> : sm90_expert_stream_kernel<PHASE_GATE_UP, false>)
-                                         : (xg ? sm90_expert_stream_kernel<PHASE_DOWN, true> : sm90_expert_stream_kernel<PHASE_DOWN, false>);
+    const bool more = !xg && plan_stream_more_blocks(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms);
+    const long resident = (long)(more ? ST_BLOCKS_PER_SM + 1 : ST_BLOCKS_PER_SM) * sms;
+    const long bound = (long)sh.local_ranks * tiles * Y * 16;
+    const int grid = (int)(bound < resident ? bound : resident);
+    if (grid <= 0) return MEGAMOE_OK;
+    using lay_more = st_lay<false, ST_BLOCKS_PER_SM + 1>;
+    const int smem = xg ? st_lay<true>::smem : more ? lay_more::smem : st_lay<false>::smem;
+    const bool gu = phase == PHASE_GATE_UP;
+    auto kernel = xg     ? (gu ? sm90_expert_stream_kernel<PHASE_GATE_UP, true, ST_BLOCKS_PER_SM>
+                               : sm90_expert_stream_kernel<PHASE_DOWN, true, ST_BLOCKS_PER_SM>)
+                  : more ? (gu ? sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM + 1>
+                               : sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM + 1>)
+                         : (gu ? sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM>
+                               : sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM>);
     MM_CUDA_TRY(mm_launch(kernel, grid, ST_THREADS, smem, s, sh, L, peers, weights, force));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
@@ -526,14 +543,17 @@ megamoe_status sm90_expert_stream_prepare() {
     static const int registered = atexit(st_trace_report);
     (void)registered;
 #endif
-    const void *f[4] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, true>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, true>};
-    for (int i = 0; i < 4; i++) {
+    const void *f[6] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, true, ST_BLOCKS_PER_SM>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, true, ST_BLOCKS_PER_SM>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM + 1>,
+                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM + 1>};
+    const int smem[6] = {st_lay<false>::smem, st_lay<false>::smem, st_lay<true>::smem, st_lay<true>::smem,
+                         st_lay<false, ST_BLOCKS_PER_SM + 1>::smem, st_lay<false, ST_BLOCKS_PER_SM + 1>::smem};
+    for (int i = 0; i < 6; i++) {
         const void *k = f[i];
-        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         i < 2 ? st_lay<false>::smem : st_lay<true>::smem));
+        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
         MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     }
     return MEGAMOE_OK;
