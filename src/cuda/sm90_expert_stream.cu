@@ -52,6 +52,10 @@
 #ifndef MM_STREAM_B_UNPRED
 #define MM_STREAM_B_UNPRED 1 /* token rows read unpredicated (stale rows feed dropped columns only; pairs need it) */
 #endif
+#ifndef MM_STREAM_COMPACT_EPILOGUE
+#define MM_STREAM_COMPACT_EPILOGUE 1 /* gemm_epilogue's COMPACT form: 1 in the split-K finisher, 2 there and after
+                                      * an unsplit item (0: neither) */
+#endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
@@ -325,7 +329,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
 #endif
             st_sum_splits<8, 1>(acc, base, split_stride, p.splits, nc, c);
         if (warp == 0 && lane == 0) ST_STAMP(ST_T_SUMMED);
-        gemm_epilogue<PHASE, true, 2>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
+        gemm_epilogue<PHASE, true, 2, MM_STREAM_COMPACT_EPILOGUE >= 1>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
                                       8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     }
 }
@@ -422,7 +426,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
         __syncwarp();
         return true; /* the caller adds the splits up (st_finish_warp, inlined once) */
     }
-    gemm_epilogue<PHASE, true, NT>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
+    gemm_epilogue<PHASE, true, NT, MM_STREAM_COMPACT_EPILOGUE >= 2>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
                                    8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     return false;
 }
