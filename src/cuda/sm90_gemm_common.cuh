@@ -306,17 +306,18 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
     return true;
 }
 
-/* acc[q][i] for a run-time i (< N): selects over the constant indices, so acc stays in registers. */
-template <int N>
-__device__ __forceinline__ float acc_at(const float (&a)[N], int i) {
-    float v = a[0];
+/* v[0] <- v[1] <- ... <- v[N-1] <- v[0]: constant indices only, so a loop that is not unrolled can
+ * walk an array that stays in registers (a run-time index would put it in local memory). */
+template <int N, class T>
+__device__ __forceinline__ void rotate_left(T (&v)[N]) {
+    const T first = v[0];
 #pragma unroll
-    for (int k = 1; k < N; k++) v = i == k ? a[k] : v;
-    return v;
+    for (int k = 0; k + 1 < N; k++) v[k] = v[k + 1];
+    v[N - 1] = first;
 }
 
 /* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows).
- * COMPACT: the loop over the warp's columns is not unrolled (the values picked by acc_at), for a
+ * COMPACT: the loop over the warp's values is not unrolled (they rotate through registers), for a
  * caller that runs it once per kernel -- the streaming kernel's split-K finisher, whose unrolled
  * epilogue (~13 KB of code) every SM fetched cold at once: ~6 us of Qwen3-like T = 1 (session 11). */
 template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false>
@@ -338,10 +339,13 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
             ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
         };
         if constexpr (COMPACT) {
+            float v[GROUPS_PER_WARP * NT * 4];
+#pragma unroll
+            for (int j = 0; j < GROUPS_PER_WARP * NT * 4; j++) v[j] = acc[j / (NT * 4)][j % (NT * 4)];
 #pragma unroll 1
-            for (int j = 0; j < GROUPS_PER_WARP * 4 * ntiles_n; j++) {
-                const int q = j / (4 * ntiles_n), i = j % (4 * ntiles_n);
-                store(q, i, acc_at(acc[q], i));
+            for (int j = 0; j < GROUPS_PER_WARP * NT * 4; j++) { /* value j % (4 NT) of group j / (4 NT) in v[0] */
+                store(j / (NT * 4), j % (NT * 4), v[0]);
+                rotate_left(v);
             }
         } else {
 #pragma unroll
@@ -394,12 +398,23 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
                 for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
         };
         if constexpr (COMPACT) {
+            /* (n-tile, half) pair j: gate values i = 4 (j >> 1) + (j & 1), up values i + 2, in gate[][0] / up[][0] */
+            float gate[GROUPS_PER_WARP][2 * NT], up[GROUPS_PER_WARP][2 * NT];
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int j = 0; j < 2 * NT; j++) {
+                    gate[q][j] = acc[q][(j >> 1) * 4 + (j & 1)];
+                    up[q][j] = acc[q][(j >> 1) * 4 + 2 + (j & 1)];
+                }
 #pragma unroll 1
-            for (int j = 0; j < 2 * ntiles_n; j++) { /* n-tile j >> 1, column half j & 1 (uniform across the column's 8 lanes) */
-                const int i = (j >> 1) * 4 + (j & 1);
-                float gate[GROUPS_PER_WARP], up[GROUPS_PER_WARP];
-                for (int q = 0; q < GROUPS_PER_WARP; q++) gate[q] = acc_at(acc[q], i), up[q] = acc_at(acc[q], i + 2);
-                column((j >> 1) * 8 + 2 * c + (j & 1), gate, up);
+            for (int j = 0; j < 2 * ntiles_n; j++) { /* column half j & 1: uniform across the column's 8 lanes */
+                float g0[GROUPS_PER_WARP], u0[GROUPS_PER_WARP];
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) g0[q] = gate[q][0], u0[q] = up[q][0];
+                column((j >> 1) * 8 + 2 * c + (j & 1), g0, u0);
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) rotate_left(gate[q]), rotate_left(up[q]);
             }
         } else {
 #pragma unroll
