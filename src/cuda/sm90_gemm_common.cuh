@@ -318,8 +318,10 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
 
 /* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows).
  * COMPACT: the loop over the warp's values is not unrolled (they rotate through registers), for a
- * caller that runs it once per kernel -- the streaming kernel's split-K finisher, whose unrolled
- * epilogue (~13 KB of code) every SM fetched cold at once: ~6 us of Qwen3-like T = 1 (session 11). */
+ * caller that runs it once or a few times per block -- the streaming kernel at decode, where the
+ * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
+ * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
+ * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
 template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                               const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
