@@ -52,6 +52,14 @@
 #ifndef MM_STREAM_B_UNPRED
 #define MM_STREAM_B_UNPRED 1 /* token rows read unpredicated (stale rows feed dropped columns only; pairs need it) */
 #endif
+#ifndef MM_STREAM_COMPACT_EPILOGUE
+#define MM_STREAM_COMPACT_EPILOGUE 2 /* gemm_epilogue's COMPACT form: 1 in the split-K finisher, 2 there and after
+                                      * an unsplit item (0: neither). H200, session 11 call 3: 2 against 0,
+                                      * Qwen3 T = 1 0.0459 -> 0.0420 ms, T = 8 0.0843 -> 0.0827, Mixtral T = 1
+                                      * 0.1024 -> 0.1001, DSv3 T = 1 0.1012 -> 0.0994; T = 32 / 128, where
+                                      * blocks run several items and the code is warm, 0-0.9% slower; 1
+                                      * gained half of Qwen3 T = 1's (0.0445) */
+#endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
@@ -113,8 +121,9 @@ struct st_lay {
 #if MM_STREAM_TRACE
 #include <cstdlib>
 #define ST_TRACE_BLOCKS 2048
-enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_STREAMED, ST_T_FIRST_CHUNK,
-       ST_T_DONE, ST_T_ITEMS, ST_T_SMID, ST_T_WHO, ST_T_EVENTS };
+enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_STREAMED, ST_T_STORED,
+       ST_T_FENCED, ST_T_COUNTED, ST_T_SUMMED, ST_T_FIRST_CHUNK, ST_T_DONE, ST_T_ITEMS, ST_T_SMID, ST_T_WHO,
+       ST_T_EVENTS };
 __device__ unsigned long long st_trace[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
 __device__ __forceinline__ void st_stamp(int phase, int ev) {
     unsigned long long t;
@@ -122,7 +131,7 @@ __device__ __forceinline__ void st_stamp(int phase, int ev) {
     if (blockIdx.x >= ST_TRACE_BLOCKS) return;
     if (ev == ST_T_ENTRY) /* a new forward: the block's other stamps cleared */
         for (int i = 1; i < ST_T_EVENTS; i++) st_trace[phase][blockIdx.x][i] = 0;
-    if (ev == ST_T_STREAMED && st_trace[phase][blockIdx.x][ev]) return; /* its first chunk's only */
+    else if (st_trace[phase][blockIdx.x][ev]) return; /* the block's first only (its first chunk's) */
     st_trace[phase][blockIdx.x][ev] = t;
 }
 __device__ __forceinline__ void st_count(int phase, unsigned long long v, unsigned long long who) {
@@ -323,7 +332,8 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
         else
 #endif
             st_sum_splits<8, 1>(acc, base, split_stride, p.splits, nc, c);
-        gemm_epilogue<PHASE, true, 2>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
+        if (warp == 0 && lane == 0) ST_STAMP(ST_T_SUMMED);
+        gemm_epilogue<PHASE, true, 2, MM_STREAM_COMPACT_EPILOGUE >= 1>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
                                       8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     }
 }
@@ -400,13 +410,16 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
                 if (col < h.ncols) __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
             }
         __syncwarp(); /* the warp's partial sums before lane 0's release */
+        if (warp == 0 && lane == 0) ST_STAMP(ST_T_STORED);
         /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
         int *counter = (int *)(mine + L.splitk_counters) +
                        (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp) * MM_SPLITK_COUNTER_STRIDE;
         int old = 0;
         if (lane == 0) {
             mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
+            if (warp == 0) ST_STAMP(ST_T_FENCED);
             old = atomicAdd(counter, 1);
+            if (warp == 0) ST_STAMP(ST_T_COUNTED);
         }
         old = __shfl_sync(0xFFFFFFFFu, old, 0);
         if (old != p.splits * ((st_tcols(h) + ST_COLS - 1) / ST_COLS) - 1) return false;
@@ -417,7 +430,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
         __syncwarp();
         return true; /* the caller adds the splits up (st_finish_warp, inlined once) */
     }
-    gemm_epilogue<PHASE, true, NT>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
+    gemm_epilogue<PHASE, true, NT, MM_STREAM_COMPACT_EPILOGUE >= 2>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
                                    8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     return false;
 }
@@ -575,8 +588,8 @@ static void st_trace_report() {
     for (int ph = 0; ph < 2; ph++)
         for (int b = 0; b < ST_TRACE_BLOCKS; b++)
             if (t[ph][b][ST_T_ENTRY]) t0 = std::min(t0, t[ph][b][ST_T_ENTRY]);
-    static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full",
-                                            "streamed", "first chunk", "done"};
+    static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full", "streamed",
+                                            "stored", "fenced", "counted", "summed", "first chunk", "done"};
     for (int ph = 0; ph < 2; ph++) {
         fprintf(stderr, "stream trace, %s (us from the first block's entry; earliest / median / latest):\n",
                 ph ? "down" : "gate/up");
@@ -601,13 +614,15 @@ static void st_trace_report() {
         std::sort(order.begin(), order.end(),
                   [&](int a, int b) { return t[ph][a][ST_T_FIRST_CHUNK] > t[ph][b][ST_T_FIRST_CHUNK]; });
         auto us = [&](int b, int ev) { return t[ph][b][ev] ? (t[ph][b][ev] - t0) * 1e-3 : -1.0; };
-        fprintf(stderr, "  latest first chunks: block sm tile slab split | first copy, first full, streamed, first chunk (us)\n");
+        fprintf(stderr, "  latest first chunks: block sm tile slab split | first copy, first full, streamed, stored, fenced, "
+                        "counted, first chunk (us)\n");
         for (size_t i = 0; i < order.size() && i < 12; i++) {
             const int b = order[i];
             const unsigned long long w = t[ph][b][ST_T_WHO];
-            fprintf(stderr, "    %5d %3llu %4llu %4llu %3llu | %7.2f %7.2f %7.2f %7.2f\n", b, t[ph][b][ST_T_SMID], w >> 32,
-                    (w >> 16) & 0xFFFF, w & 0xFFFF, us(b, ST_T_FIRST_COPY), us(b, ST_T_FIRST_FULL), us(b, ST_T_STREAMED),
-                    us(b, ST_T_FIRST_CHUNK));
+            fprintf(stderr, "    %5d %3llu %4llu %4llu %3llu | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f\n", b,
+                    t[ph][b][ST_T_SMID], w >> 32, (w >> 16) & 0xFFFF, w & 0xFFFF, us(b, ST_T_FIRST_COPY),
+                    us(b, ST_T_FIRST_FULL), us(b, ST_T_STREAMED), us(b, ST_T_STORED), us(b, ST_T_FENCED),
+                    us(b, ST_T_COUNTED), us(b, ST_T_FIRST_CHUNK));
         }
         /* Per split: the median end of the first chunk and of its streaming (splits of one pair differ?). */
         for (int sp = 0; sp < 16; sp++) {

@@ -306,8 +306,23 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
     return true;
 }
 
-/* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows). */
-template <int PHASE, bool nvfp4, int NT = 8>
+/* v[0] <- v[1] <- ... <- v[N-1] <- v[0]: constant indices only, so a loop that is not unrolled can
+ * walk an array that stays in registers (a run-time index would put it in local memory). */
+template <int N, class T>
+__device__ __forceinline__ void rotate_left(T (&v)[N]) {
+    const T first = v[0];
+#pragma unroll
+    for (int k = 0; k + 1 < N; k++) v[k] = v[k + 1];
+    v[N - 1] = first;
+}
+
+/* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows).
+ * COMPACT: the loop over the warp's values is not unrolled (they rotate through registers), for a
+ * caller that runs it once or a few times per block -- the streaming kernel at decode, where the
+ * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
+ * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
+ * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
+template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                               const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
                                               const mm_dev_weights &W, int e, int first, int ncols, int ntiles_n,
@@ -317,22 +332,32 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
     const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
     if constexpr (PHASE == PHASE_DOWN) {
         const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, alpha2 = nvfp4 ? W.w2_alpha[e] : 1.0f;
+        /* Value i of group q: column (i >> 2) * 8 + 2c + (i & 1), row g + 8 ((i & 3) >> 1) of the group. */
+        auto store = [&](int q, int i, float p) {
+            const int col = (i >> 2) * 8 + 2 * c + (i & 1), h = (wgroup + q) * 16 + g + ((i & 3) >> 1) * 8;
+            if (col >= ncols) return;
+            const slot_info si = decode_slot(sh, col_code[col]);
+            if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+            ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
+        };
+        if constexpr (COMPACT) {
+            float v[GROUPS_PER_WARP * NT * 4];
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) {
-            const int row_base = (wgroup + q) * 16;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt >= ntiles_n) break;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int col = nt * 8 + 2 * c + (j & 1), h = row_base + g + (j >> 1) * 8;
-                    if (col >= ncols) continue;
-                    const slot_info si = decode_slot(sh, col_code[col]);
-                    float p = acc[q][nt * 4 + j];
-                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
-                    ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
-                }
+            for (int j = 0; j < GROUPS_PER_WARP * NT * 4; j++) v[j] = acc[j / (NT * 4)][j % (NT * 4)];
+#pragma unroll 1
+            for (int j = 0; j < GROUPS_PER_WARP * NT * 4; j++) { /* value j % (4 NT) of group j / (4 NT) in v[0] */
+                store(j / (NT * 4), j % (NT * 4), v[0]);
+                rotate_left(v);
             }
+        } else {
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    if (nt >= ntiles_n) break;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) store(q, nt * 4 + j, acc[q][nt * 4 + j]);
+                }
         }
     } else {
         /* Rows g (gate) and g+8 (up) of group q are intermediate index i = 8 * group + g. The warp's two
@@ -341,42 +366,68 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, C = sh.clamp;
         const int i_base = wgroup * 8;
         uint16_t *act = (uint16_t *)(mine + L.act);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            if (nt >= ntiles_n) break;
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int col = nt * 8 + 2 * c + half; /* uniform validity across the 8 lanes of a column */
-                const float s = col_scale[col];
-                float a[GROUPS_PER_WARP];
-                float amax = 0.0f;
-                for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                    float gv = acc[q][nt * 4 + half], uv = acc[q][nt * 4 + 2 + half];
-                    if (nvfp4) {
-                        gv = mm_mul(mm_mul(mm_mul(gv, unbias), s), alpha_g);
-                        uv = mm_mul(mm_mul(mm_mul(uv, unbias), s), alpha_u);
-                    }
-                    if (C > 0.0f) {
-                        gv = fminf(gv, C);
-                        uv = fminf(fmaxf(uv, -C), C);
-                    }
-                    a[q] = mm_mul(mm_div(gv, mm_add(1.0f, expf(-gv))), uv);
-                    amax = mm_max_nan(amax, mm_fabs(a[q]));
-                }
-                uint16_t out[GROUPS_PER_WARP];
+        /* Column col's gate and up values of both groups: SwiGLU, the NVFP4 block quantization (the
+         * block's amax over the 8 lanes of the column), the stores. */
+        auto column = [&](int col, const float (&gate)[GROUPS_PER_WARP], const float (&up)[GROUPS_PER_WARP]) {
+            const float s = col_scale[col];
+            float a[GROUPS_PER_WARP];
+            float amax = 0.0f;
+            for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                float gv = gate[q], uv = up[q];
                 if (nvfp4) {
-                    for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-                    const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                        const float v = sf == 0.0f ? 0.0f
-                                                   : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
-                        out[q] = to_f16_bits(v);
-                    }
-                } else {
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
+                    gv = mm_mul(mm_mul(mm_mul(gv, unbias), s), alpha_g);
+                    uv = mm_mul(mm_mul(mm_mul(uv, unbias), s), alpha_u);
                 }
-                if (col < ncols)
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+                if (C > 0.0f) {
+                    gv = fminf(gv, C);
+                    uv = fminf(fmaxf(uv, -C), C);
+                }
+                a[q] = mm_mul(mm_div(gv, mm_add(1.0f, expf(-gv))), uv);
+                amax = mm_max_nan(amax, mm_fabs(a[q]));
+            }
+            uint16_t out[GROUPS_PER_WARP];
+            if (nvfp4) {
+                for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+                const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    const float v = sf == 0.0f ? 0.0f : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
+                    out[q] = to_f16_bits(v);
+                }
+            } else {
+                for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
+            }
+            if (col < ncols)
+                for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+        };
+        if constexpr (COMPACT) {
+            /* (n-tile, half) pair j: gate values i = 4 (j >> 1) + (j & 1), up values i + 2, in gate[][0] / up[][0] */
+            float gate[GROUPS_PER_WARP][2 * NT], up[GROUPS_PER_WARP][2 * NT];
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int j = 0; j < 2 * NT; j++) {
+                    gate[q][j] = acc[q][(j >> 1) * 4 + (j & 1)];
+                    up[q][j] = acc[q][(j >> 1) * 4 + 2 + (j & 1)];
+                }
+#pragma unroll 1
+            for (int j = 0; j < 2 * ntiles_n; j++) { /* column half j & 1: uniform across the column's 8 lanes */
+                float g0[GROUPS_PER_WARP], u0[GROUPS_PER_WARP];
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) g0[q] = gate[q][0], u0[q] = up[q][0];
+                column((j >> 1) * 8 + 2 * c + (j & 1), g0, u0);
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) rotate_left(gate[q]), rotate_left(up[q]);
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= ntiles_n) break;
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    float gate[GROUPS_PER_WARP], up[GROUPS_PER_WARP];
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) gate[q] = acc[q][nt * 4 + half], up[q] = acc[q][nt * 4 + 2 + half];
+                    column(nt * 8 + 2 * c + half, gate, up); /* uniform validity across the 8 lanes of a column */
+                }
             }
         }
     }
