@@ -22,8 +22,11 @@ static __constant__ unsigned long long *mm_ktrace_table; /* [MM_K_KERNELS][MM_KT
 __device__ __forceinline__ void mm_kstamp(int k, int ev) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (threadIdx.x == 0 && blockIdx.x < MM_KTRACE_BLOCKS && mm_ktrace_table)
-        mm_ktrace_table[((size_t)k * MM_KTRACE_BLOCKS + blockIdx.x) * MM_KT_EVENTS + ev] = t;
+    if (threadIdx.x != 0 || blockIdx.x >= MM_KTRACE_BLOCKS || !mm_ktrace_table) return;
+    unsigned long long *row = mm_ktrace_table + ((size_t)k * MM_KTRACE_BLOCKS + blockIdx.x) * MM_KT_EVENTS;
+    if (ev == MM_KT_ENTRY) /* a new forward: the block's stamps of the last one cleared (exit is the routing block's only) */
+        for (int i = 1; i < MM_KT_EVENTS; i++) row[i] = 0;
+    row[ev] = t;
 }
 static inline cudaError_t mm_ktrace_bind_here(unsigned long long *table) {
     return cudaMemcpyToSymbol(mm_ktrace_table, &table, sizeof table);
