@@ -120,6 +120,11 @@ struct st_lay {
 #endif
 #if MM_STREAM_TRACE
 #include <cstdlib>
+#include <cstring>
+#include "trace.cuh"
+__device__ unsigned long long mm_ktrace_data[MM_K_KERNELS][MM_KTRACE_BLOCKS][MM_KT_EVENTS]; /* trace.cuh */
+cudaError_t sm90_stage_trace_bind(unsigned long long *table);
+cudaError_t sm90_combine_trace_bind(unsigned long long *table);
 #define ST_TRACE_BLOCKS 2048
 enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_STREAMED, ST_T_STORED,
        ST_T_FENCED, ST_T_COUNTED, ST_T_SUMMED, ST_T_FIRST_CHUNK, ST_T_DONE, ST_T_ITEMS, ST_T_SMID, ST_T_WHO,
@@ -555,6 +560,10 @@ megamoe_status sm90_expert_stream_prepare() {
      * (session 10, call 1: every read failed). */
     static const int registered = atexit(st_trace_report);
     (void)registered;
+    unsigned long long *table = NULL; /* the stage and combine kernels' stamps (trace.cuh) */
+    MM_CUDA_TRY(cudaGetSymbolAddress((void **)&table, mm_ktrace_data));
+    MM_CUDA_TRY(sm90_stage_trace_bind(table));
+    MM_CUDA_TRY(sm90_combine_trace_bind(table));
 #endif
     const void *f[6] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM>,
                         (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM>,
@@ -588,8 +597,24 @@ static void st_trace_report() {
     for (int ph = 0; ph < 2; ph++)
         for (int b = 0; b < ST_TRACE_BLOCKS; b++)
             if (t[ph][b][ST_T_ENTRY]) t0 = std::min(t0, t[ph][b][ST_T_ENTRY]);
+    static unsigned long long kt[MM_K_KERNELS][MM_KTRACE_BLOCKS][MM_KT_EVENTS];
+    if (cudaMemcpyFromSymbol(kt, mm_ktrace_data, sizeof kt) != cudaSuccess) memset(kt, 0, sizeof kt);
     static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full", "streamed",
                                             "stored", "fenced", "counted", "summed", "first chunk", "done"};
+    static const char *kname[MM_K_KERNELS] = {"stage", "combine"};
+    static const char *kev[MM_KT_EVENTS] = {"entry", "waited", "staged", "exit"};
+    for (int k = 0; k < MM_K_KERNELS; k++) {
+        fprintf(stderr, "kernel trace, %s (us from the first gate/up block's entry; earliest / median / latest):\n", kname[k]);
+        for (int ev = 0; ev < MM_KT_EVENTS; ev++) {
+            std::vector<double> v;
+            for (int b = 0; b < MM_KTRACE_BLOCKS; b++)
+                if (kt[k][b][ev] && kt[k][b][MM_KT_ENTRY]) v.push_back(((double)kt[k][b][ev] - (double)t0) * 1e-3);
+            if (v.empty()) continue;
+            std::sort(v.begin(), v.end());
+            fprintf(stderr, "  %-11s %9.2f %9.2f %9.2f  (%zu blocks)\n", k == MM_K_STAGE || ev != MM_KT_MID ? kev[ev] : "mid",
+                    v.front(), v[v.size() / 2], v.back(), v.size());
+        }
+    }
     for (int ph = 0; ph < 2; ph++) {
         fprintf(stderr, "stream trace, %s (us from the first block's entry; earliest / median / latest):\n",
                 ph ? "down" : "gate/up");

@@ -5,6 +5,7 @@
  * One block per token, a thread per 16-value block.
  */
 #include "sm90_route_few.cuh"
+#include "trace.cuh"
 
 __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
                                             uint8_t *err_base, int rank, const mm_dev_rank_args &a) {
@@ -90,8 +91,11 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
  * routing tables (route_few_block), so no routing kernel runs. */
 __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base, int rank,
                                   mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
+    MM_KSTAMP(MM_K_STAGE, MM_KT_ENTRY);
     mm_wait_previous();
+    MM_KSTAMP(MM_K_STAGE, MM_KT_WAITED);
     stage_token(sh, L, base, err_base, rank, a);
+    MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
     if (route_blocks == 0) return;
     if (route_blocks == 1) {
         /* The only block (one token on one rank): no other block to count, and its own staged bytes
@@ -114,7 +118,12 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     }
     extern __shared__ int hist[];
     route_few_block(sh, L, peers, hist);
+    MM_KSTAMP(MM_K_STAGE, MM_KT_EXIT);
 }
+
+#if MM_STREAM_TRACE
+cudaError_t sm90_stage_trace_bind(unsigned long long *table) { return mm_ktrace_bind_here(table); }
+#endif
 
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base, uint8_t *err_base,
                                  int rank, const mm_dev_rank_args &a, uint8_t *const *peers, int route_blocks,
