@@ -30,3 +30,39 @@ san() {
     ".devbin/$2" --quick > "$L/$1_$2_$3.log" 2>&1
   echo "$1 $2 $3: exit $? $(tail -n 1 "$L/$1_$2_$3.log") at $(el) s"
 }
+# bin NAME: the CLI build NAME (main: .devbin/megamoe, else .devbin/megamoe_NAME).
+bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
+# The three shapes of issue 3 (E K H I): Qwen3-30B-like, Mixtral-like, DeepSeek-V3-like.
+SHAPES3=("128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048")
+# cmp_bench LOG TOKENS NAME...: the NVFP4 `bench` of each build NAME in the order given (repeat a
+# name to alternate), on the three shapes at TOKENS (a comma list), appended to $L/LOG as
+# "bench[NAME]:" lines.
+cmp_bench() {
+  local log=$1 tokens=$2 n s; shift 2
+  local names=("$@")
+  for n in "${names[@]}"; do
+    for s in "${SHAPES3[@]}"; do
+      set -- $s
+      timeout 40 "$(bin "$n")" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
+        --tokens "$tokens" --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/$log"
+    done
+  done
+}
+# stream_checks BIN: test_gpu build BIN in the modes that run the streaming kernel (auto, stream)
+# and memcheck with it forced -- what a change to the streaming kernel alone is checked with.
+stream_checks() {
+  tg "$1" auto
+  tg "$1" stream
+  san memcheck "$1" stream
+}
+# trace_runs NAME T: the trace build NAME's `bench` at T tokens on the three shapes, its timelines
+# appended to $L/trace.txt under "== NAME E= K= H= I= T=" lines.
+trace_runs() {
+  local n=$1 t=$2 s
+  for s in "${SHAPES3[@]}"; do
+    set -- $s
+    echo "== $n E=$1 K=$2 H=$3 I=$4 T=$t" >> "$L/trace.txt"
+    timeout 30 "$(bin "$n")" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
+      --tokens "$t" --iters 10 >> "$L/trace.txt" 2>&1
+  done
+}

@@ -17,23 +17,15 @@
 # GPU 0: test_gpu b5 auto / stream, memcheck b5 stream. GPU 1: main / b5 / pf / pfms6 alternating
 # twice at T = 1, 8, 32 on the three shapes; main / b5 at Qwen3 T = 4..16; main's Qwen3 T = 128..8192
 # with each GEMM kernel forced (the choice there was measured sessions ago); the traces at T = 1.
-. bench/call_lib.sh
-bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
+. bench/call_lib.sh   # (the steps below written with call_lib's helpers after the call ran; the same steps)
 (
   export CUDA_VISIBLE_DEVICES=0
-  for g in auto stream; do tg test_gpu_b5 $g; done
-  san memcheck test_gpu_b5 stream
+  stream_checks test_gpu_b5
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
-  for n in main b5 pf pfms6 main b5 pf pfms6; do
-    for s in "128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048"; do
-      set -- $s
-      timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
-        --tokens 1,8,32 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench1.log"
-    done
-  done
+  cmp_bench bench1.log 1,8,32 main b5 pf pfms6 main b5 pf pfms6
   for n in main b5 main b5; do
     timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts 128 --top-k 8 --hidden 2048 --inter 768 \
       --tokens 4,6,7,9,10,12,16 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench2.log"
@@ -42,14 +34,7 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
     timeout 60 .devbin/megamoe bench --backend cuda --format nvfp4 --experts 128 --top-k 8 --hidden 2048 --inter 768 \
       --tokens 128,512,2048,8192 --iters 10 --gemm $g 2>&1 | sed "s/^bench:/bench[main --gemm $g]:/" >> "$L/bench3.log"
   done
-  for n in trace tracep; do
-    for s in "128 8 2048 768 1" "8 2 4096 14336 1" "256 8 7168 2048 1"; do
-      set -- $s
-      echo "== $n E=$1 K=$2 H=$3 I=$4 T=$5" >> "$L/trace.txt"
-      timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 \
-        --inter $4 --tokens $5 --iters 10 >> "$L/trace.txt" 2>&1
-    done
-  done
+  for n in trace tracep; do trace_runs $n 1; done
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait

@@ -12,31 +12,16 @@
 # cf = in the split-K finisher only; ca = also after an unsplit streaming item; m = main (b5 merged).
 # GPU 0: test_gpu ca auto / stream (both compact forms), memcheck ca stream.
 # GPU 1: m / cf / ca alternating twice at T = 1, 8, 32, 128 on the three shapes; traces of cf and ca at T = 1.
-. bench/call_lib.sh
-bin() { echo ".devbin/megamoe_$1"; }
+. bench/call_lib.sh   # (the steps below written with call_lib's helpers after the call ran; the same steps)
 (
   export CUDA_VISIBLE_DEVICES=0
-  for g in auto stream; do tg test_gpu_ca $g; done
-  san memcheck test_gpu_ca stream
+  stream_checks test_gpu_ca
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
-  for n in m cf ca m cf ca; do
-    for s in "128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048"; do
-      set -- $s
-      timeout 40 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
-        --tokens 1,8,32,128 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench1.log"
-    done
-  done
-  for n in tracecf traceca; do
-    for s in "128 8 2048 768 1" "8 2 4096 14336 1" "256 8 7168 2048 1"; do
-      set -- $s
-      echo "== $n E=$1 K=$2 H=$3 I=$4 T=$5" >> "$L/trace.txt"
-      timeout 30 "$(bin $n)" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 \
-        --inter $4 --tokens $5 --iters 10 >> "$L/trace.txt" 2>&1
-    done
-  done
+  cmp_bench bench1.log 1,8,32,128 m cf ca m cf ca
+  for n in tracecf traceca; do trace_runs $n 1; done
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait

@@ -10,7 +10,6 @@
 # GPU 0: main / t1056 alternating three times at T = 1 on the three shapes.
 # GPU 1: main / xg2 alternating three times at Qwen3 T = 16, 32 and Mixtral T = 8, 16.
 . bench/call_lib.sh
-bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 (
   export CUDA_VISIBLE_DEVICES=0
   for n in main t1056 main t1056 main t1056; do

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole GPU verification and both benchmark tables in one device call on nvidia-h200-x2 (~6 min;
+# 334 s in session 11), for the build staged by bench/stage_device.sh (then bench/pack_devbin.sh;
+# carry .devpack). Run from the repo root on the GPU machine: bash bench/full_suite.sh
+# GPU 0: test_gpu auto / mma / wgmma, memcheck auto / stream / wgmma, racecheck auto / mma / wgmma.
+# GPU 1: test_gpu stream / ws / ws64, memcheck ws, then the NVFP4 and BF16 tables (three shapes, T = 1-8192).
+# Both: the 2-GPU pytest. Logs under $OUT/logs (tarred), the step lines and the tables printed last.
+. bench/call_lib.sh
+(
+  export CUDA_VISIBLE_DEVICES=0
+  for g in auto mma wgmma; do tg test_gpu $g; done
+  for g in auto stream wgmma; do san memcheck test_gpu $g; done
+  for g in auto mma wgmma; do san racecheck test_gpu $g; done
+  echo "gpu0 done at $(el) s"
+) > "$L/gpu0.txt" 2>&1 &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  for g in stream ws ws64; do tg test_gpu $g; done
+  san memcheck test_gpu ws
+  for fmt in nvfp4 bf16; do
+    for s in "${SHAPES3[@]}"; do
+      set -- $s
+      timeout 90 .devbin/megamoe bench --backend cuda --format $fmt --experts $1 --top-k $2 --hidden $3 --inter $4 \
+        --tokens 1,8,32,128,512,2048,8192 --iters 10 >> "$L/bench_table.log" 2>&1
+    done
+  done
+  echo "gpu1 done at $(el) s"
+) > "$L/gpu1.txt" 2>&1 &
+wait
+(
+  MEGAMOE_CLI=.devbin/megamoe timeout 120 python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/py/test_multi_gpu.py > "$L/multi_gpu.txt" 2>&1
+  echo "multi-GPU: $(tail -n 1 "$L/multi_gpu.txt") at $(el) s"
+) > "$L/both.txt" 2>&1
+call_finish
