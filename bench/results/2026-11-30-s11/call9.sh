@@ -2,9 +2,10 @@
 # Prepared in session 11 as the next session's first call (nvidia-h200-x2; not run: the session's
 # device time was spent). Builds (here, main after session 11's last commit; packed in .devpack):
 #   bash bench/stage_device.sh
-#   TESTS=1 bash bench/build_variants.sh "pdl@wip/pdl-early=" "pdl2@wip/pdl-early2="
+#   TESTS=1 bash bench/build_variants.sh "pdl@wip/pdl-early=" "pdl2@wip/pdl-early2=" "roll@wip/stream-roll="
 #   bash bench/build_variants.sh "tracepdl@wip/pdl-early=-DMM_STREAM_TRACE=1" "trace=-DMM_STREAM_TRACE=1" \
-#     "tracepdl2@wip/pdl-early2=-DMM_STREAM_TRACE=1"
+#     "tracepdl2@wip/pdl-early2=-DMM_STREAM_TRACE=1" "u1=-DMM_STREAM_UNROLL=1" \
+#     "traceroll@wip/stream-roll=-DMM_STREAM_TRACE=1"
 #   bash bench/pack_devbin.sh
 # pdl = wip/pdl-early: gate/up's streaming producers let the down kernel in once every copy is
 #   issued, and the down kernel does its setup, its first item's load chain and its first weight
@@ -14,23 +15,28 @@
 # pdl2 = wip/pdl-early2: pdl, and the down kernel lets the combine in the same way; the combine reads
 #   the token's state and its slots' ids and weights before its wait (every forward's combine, so
 #   pdl2 is also tested with wgmma forced, where the down kernel before it does not trigger early).
-# GPU 0: test_gpu pdl and pdl2 auto / stream (the occupier test included: early launch must not
-#   hang), memcheck stream, pdl2 with wgmma forced. GPU 1: main / pdl / pdl2 alternating three times
-#   at T = 1, 8, 32, 128 on the three shapes; the timelines of the three at T = 1. Both: the 2-GPU
-#   pytest with pdl2 (NCCL runs the same kernels). Land the better if it holds, then
-#   bash bench/full_suite.sh on the merged main.
+# roll = wip/stream-roll: chunks of < 16 K steps take the streaming K loop not unrolled (one step's
+#   code fetched cold per forward instead of four: Qwen3 T = 1 streams 8 / 12 steps per block);
+# u1 = main with the loop never unrolled (MM_STREAM_UNROLL 1): what unrolling costs cold at T = 1
+#   and buys warm at T >= 8 (2-7% at DSv3 T = 8-128 when last measured, 2026-11-29).
+# GPU 0: test_gpu pdl, pdl2 and roll auto / stream (the occupier test included: early launch must
+#   not hang), memcheck stream, pdl2 with wgmma forced. GPU 1: main / pdl / pdl2 / roll / u1
+#   alternating twice at T = 1, 8, 32, 128 on the three shapes; the timelines at T = 1. Both: the
+#   2-GPU pytest with pdl2 (NCCL runs the same kernels). ~8 min. Land what holds (pdl-early2 and
+#   stream-roll touch different code: merge both if both hold), then bash bench/full_suite.sh.
 . bench/call_lib.sh
 (
   export CUDA_VISIBLE_DEVICES=0
   stream_checks test_gpu_pdl
   stream_checks test_gpu_pdl2
   tg test_gpu_pdl2 wgmma
+  stream_checks test_gpu_roll
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
-  cmp_bench bench1.log 1,8,32,128 main pdl pdl2 main pdl pdl2 main pdl pdl2
-  for n in trace tracepdl tracepdl2; do trace_runs $n 1; done
+  cmp_bench bench1.log 1,8,32,128 main pdl pdl2 roll u1 main pdl pdl2 roll u1
+  for n in trace tracepdl tracepdl2 traceroll; do trace_runs $n 1; done
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
