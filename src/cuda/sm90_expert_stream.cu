@@ -13,7 +13,10 @@
  * a header (steps, tokens, rows, expert, slab, split) and per token its slot code and scale in the
  * row's padding, so the consumers never wait for the routing tables. From 4 slots per expert the
  * kernel runs in a second layout (st_lay below) whose token rows hold several steps, so one copy
- * per token brings 4 K steps.
+ * per token brings 4 K steps; a third instantiation runs 5 blocks per SM of 6 stages where a phase's
+ * items would leave a short second round on 4 (plan_stream_more_blocks). At decode each block runs
+ * its code once per forward, fetched cold after an L2 flush, so the epilogues are written compact
+ * (MM_STREAM_COMPACT_EPILOGUE) and code on that path is kept short (DECISIONS 65, 67).
  * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
  * makes at most about one item per resident block, so a split only happens when a phase has fewer
  * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
