@@ -58,9 +58,9 @@
 #ifndef MM_STREAM_COMPACT_EPILOGUE
 #define MM_STREAM_COMPACT_EPILOGUE 2 /* gemm_epilogue's COMPACT form: 1 in the split-K finisher, 2 there and after
                                       * an unsplit item (0: neither). H200, session 11 call 3: 2 against 0,
-                                      * Qwen3 T = 1 0.0459 -> 0.0420 ms, T = 8 0.0843 -> 0.0827, Mixtral T = 1
-                                      * 0.1024 -> 0.1001, DSv3 T = 1 0.1012 -> 0.0994; T = 32 / 128, where
-                                      * blocks run several items and the code is warm, 0-0.9% slower; 1
+                                      * Qwen3 T = 1 0.0459 -> 0.0421 ms, T = 8 0.0842 -> 0.0827, Mixtral T = 1
+                                      * 0.1024 -> 0.1001, DSv3 T = 1 0.1012 -> 0.0993; T = 32 / 128, where
+                                      * blocks run several items and the code is warm, 0-1% slower; 1
                                       * gained half of Qwen3 T = 1's (0.0445) */
 #endif
 #ifndef ST_STAGES
