@@ -6,7 +6,8 @@
 #     "stq@wip/stage-lanes="
 #   bash bench/build_variants.sh "tracepdl@wip/pdl-early=-DMM_STREAM_TRACE=1" "trace=-DMM_STREAM_TRACE=1" \
 #     "tracepdl2@wip/pdl-early2=-DMM_STREAM_TRACE=1" "u1=-DMM_STREAM_UNROLL=1" \
-#     "traceroll@wip/stream-roll=-DMM_STREAM_TRACE=1" "tracestq@wip/stage-lanes=-DMM_STREAM_TRACE=1"
+#     "traceroll@wip/stream-roll=-DMM_STREAM_TRACE=1" "tracestq@wip/stage-lanes=-DMM_STREAM_TRACE=1" \
+#     "combo@wip/combo-s11="
 #   bash bench/pack_devbin.sh
 # pdl = wip/pdl-early: gate/up's streaming producers let the down kernel in once every copy is
 #   issued, and the down kernel does its setup, its first item's load chain and its first weight
@@ -23,10 +24,12 @@
 # stq = wip/stage-lanes: the stage kernel quantizes with a thread per pair of values (a 16-value
 #   block's amax by shuffles over its 8 threads): 2 values' code per thread instead of 16 on the cold
 #   critical path (call 7: the stage kernel takes 6.4 us at Qwen3 T = 1, 3.3 of them quantizing one
-#   token). Its bytes must stay the CPU's: test_gpu's activation-bytes test, in every mode.
+#   token). Its bytes must stay the CPU's: test_gpu's activation-bytes test, in every mode;
+# combo = wip/combo-s11: main + pdl-early2 + stream-roll + stage-lanes merged (they merge cleanly):
+#   the three together, measured only (test what lands with bench/full_suite.sh).
 # GPU 0: test_gpu pdl and pdl2 auto / stream (the occupier test included: early launch must not
 #   hang), memcheck stream, pdl2 with wgmma forced; stq auto, memcheck and racecheck auto.
-# GPU 1: main / pdl / pdl2 / roll / u1 / stq alternating twice at T = 1, 8, 32, 128 on the three
+# GPU 1: main / pdl / pdl2 / roll / u1 / stq / combo alternating twice at T = 1, 8, 32, 128 on the three
 #   shapes; the timelines at T = 1; test_gpu roll auto / stream, memcheck stream.
 # Both: the 2-GPU pytest with pdl2 and with stq (NCCL runs the same kernels). ~8 min.
 # Land what holds (pdl-early2, stream-roll and stage-lanes touch different code: merge each that
@@ -44,7 +47,7 @@
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
-  cmp_bench bench1.log 1,8,32,128 main pdl pdl2 roll u1 stq main pdl pdl2 roll u1 stq
+  cmp_bench bench1.log 1,8,32,128 main pdl pdl2 roll u1 stq combo main pdl pdl2 roll u1 stq combo
   for n in trace tracepdl tracepdl2 traceroll tracestq; do trace_runs $n 1; done
   stream_checks test_gpu_roll
   echo "gpu1 done at $(el) s"
