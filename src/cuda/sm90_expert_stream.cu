@@ -522,6 +522,24 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     }
 }
 
+/* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
+ * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more. */
+using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int);
+struct st_variant {
+    st_kernel_fn kernel[2]; /* [phase] */
+    int smem, blocks_per_sm;
+};
+enum { ST_PER_SLOT, ST_GROUPED, ST_MORE_BLOCKS, ST_VARIANTS };
+template <bool XG, int B>
+static constexpr st_variant st_variant_of() {
+    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B>},
+            st_lay<XG, B>::smem,
+            B};
+}
+static const st_variant st_variants[ST_VARIANTS] = {st_variant_of<false, ST_BLOCKS_PER_SM>(),
+                                                    st_variant_of<true, ST_BLOCKS_PER_SM>(),
+                                                    st_variant_of<false, ST_BLOCKS_PER_SM + 1>()};
+
 megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                          uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
                                          int force, cudaStream_t s) {
@@ -535,20 +553,12 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
      * otherwise leave a short second round (plan_stream_more_blocks). */
     const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
     const bool more = !xg && plan_stream_more_blocks(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms);
-    const long resident = (long)(more ? ST_BLOCKS_PER_SM + 1 : ST_BLOCKS_PER_SM) * sms;
+    const st_variant &v = st_variants[xg ? ST_GROUPED : more ? ST_MORE_BLOCKS : ST_PER_SLOT];
+    const long resident = (long)v.blocks_per_sm * sms;
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
     const int grid = (int)(bound < resident ? bound : resident);
     if (grid <= 0) return MEGAMOE_OK;
-    using lay_more = st_lay<false, ST_BLOCKS_PER_SM + 1>;
-    const int smem = xg ? st_lay<true>::smem : more ? lay_more::smem : st_lay<false>::smem;
-    const bool gu = phase == PHASE_GATE_UP;
-    auto kernel = xg     ? (gu ? sm90_expert_stream_kernel<PHASE_GATE_UP, true, ST_BLOCKS_PER_SM>
-                               : sm90_expert_stream_kernel<PHASE_DOWN, true, ST_BLOCKS_PER_SM>)
-                  : more ? (gu ? sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM + 1>
-                               : sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM + 1>)
-                         : (gu ? sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM>
-                               : sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM>);
-    MM_CUDA_TRY(mm_launch(kernel, grid, ST_THREADS, smem, s, sh, L, peers, weights, force));
+    MM_CUDA_TRY(mm_launch(v.kernel[phase], grid, ST_THREADS, v.smem, s, sh, L, peers, weights, force));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
@@ -568,19 +578,11 @@ megamoe_status sm90_expert_stream_prepare() {
     MM_CUDA_TRY(sm90_stage_trace_bind(table));
     MM_CUDA_TRY(sm90_combine_trace_bind(table));
 #endif
-    const void *f[6] = {(const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, true, ST_BLOCKS_PER_SM>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, true, ST_BLOCKS_PER_SM>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_GATE_UP, false, ST_BLOCKS_PER_SM + 1>,
-                        (const void *)sm90_expert_stream_kernel<PHASE_DOWN, false, ST_BLOCKS_PER_SM + 1>};
-    const int smem[6] = {st_lay<false>::smem, st_lay<false>::smem, st_lay<true>::smem, st_lay<true>::smem,
-                         st_lay<false, ST_BLOCKS_PER_SM + 1>::smem, st_lay<false, ST_BLOCKS_PER_SM + 1>::smem};
-    for (int i = 0; i < 6; i++) {
-        const void *k = f[i];
-        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
-        MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    }
+    for (const st_variant &v : st_variants)
+        for (st_kernel_fn k : v.kernel) {
+            MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
+            MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+        }
     return MEGAMOE_OK;
 }
 
