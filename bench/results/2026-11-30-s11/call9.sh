@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 11 as the next session's first call (nvidia-h200-x2; not run: the session's
-# device time was spent). Builds (here, main after session 11's last commit; packed in .devpack):
+# device time was spent; give it timeout_s 600). Builds (here, main after session 11's last commit,
+# its megamoe and test_gpu rebuilt after the st_variants commit; packed in .devpack):
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "pdl@wip/pdl-early=" "pdl2@wip/pdl-early2=" "roll@wip/stream-roll=" \
 #     "stq@wip/stage-lanes="
@@ -50,6 +51,7 @@
   cmp_bench bench1.log 1,8,32,128 main pdl pdl2 roll u1 stq combo main pdl pdl2 roll u1 stq combo
   for n in trace tracepdl tracepdl2 traceroll tracestq; do trace_runs $n 1; done
   stream_checks test_gpu_roll
+  tg test_gpu auto # main's stream launch now reads one table of instantiations (host code; SASS unchanged)
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
