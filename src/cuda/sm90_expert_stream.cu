@@ -61,7 +61,7 @@
                                       * gained half of Qwen3 T = 1's (0.0445) */
 #endif
 #ifndef MM_STREAM_EARLY_NEXT
-#define MM_STREAM_EARLY_NEXT 1 /* gate/up lets the next kernel in once its producers have issued every copy
+#define MM_STREAM_EARLY_NEXT 2 /* gate/up (2: and down) lets the next kernel in once its producers have issued every copy
                                 * (griddepcontrol.launch_dependents); the down kernel then sets up, and its
                                 * producer walks its first item's load chain and issues its first weights,
                                 * before it waits for gate/up (st_wait_for_inputs) */
@@ -293,7 +293,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     }
     /* Every copy of this block is issued: the next kernel may be scheduled (it waits for this one
      * before it reads what this one writes: st_wait_for_inputs, mm_wait_previous). */
-    if (PHASE == PHASE_GATE_UP && MM_STREAM_EARLY_NEXT) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if ((PHASE == PHASE_GATE_UP && MM_STREAM_EARLY_NEXT) || MM_STREAM_EARLY_NEXT >= 2)
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 /* acc = the splits' partials of a lane's values i < NI added in split order (split 0 first: no
