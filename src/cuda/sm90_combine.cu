@@ -36,13 +36,6 @@ template <bool CLUSTER>
 __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base, const float *gamma,
                                     mm_dev_rank_args a, uint8_t *err_words, uint8_t *host_err) {
     MM_KSTAMP(MM_K_COMBINE, MM_KT_ENTRY);
-    mm_wait_previous();
-    MM_KSTAMP(MM_K_COMBINE, MM_KT_WAITED);
-    if (host_err && blockIdx.x == 0 && threadIdx.x == 0) { /* every writer of the words has finished */
-        uint4 *words = (uint4 *)err_words;
-        *(uint4 *)host_err = *words;
-        *words = make_uint4(0xFFFFFFFFu, 0xFFFFFFFFu, 0u, 0u); /* first bad key: none; counts: 0 */
-    }
     extern __shared__ float css[]; /* [K][H / 128] chunk sums of squares (this block's chunks) */
     __shared__ float rms[32];
     __shared__ int live[32];
@@ -54,21 +47,33 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
     /* This block's chunks [c0, c1) (both passes); t and the token's state are the same for the
      * whole cluster, so every block of it leaves here or none does. */
     const int c0 = b * nch / nb, c1 = (b + 1) * nch / nb;
+    /* Before the wait: the token's state and its slots' ids and weights, the stage kernel's output
+     * (kernels before the down projection, which lets this kernel in only after its own wait:
+     * st_wait_for_inputs) -- so the loads of p below do not wait on them. */
+    uint8_t state = MM_TOKEN_PADDING;
+    if (t < a.T) {
+        state = (base + L.token_state)[t];
+        if (threadIdx.x < K) {
+            const int id = ((const int32_t *)(base + L.topk_ids))[(size_t)t * K + threadIdx.x];
+            live[threadIdx.x] = id >= 0 && id < sh.E;
+            wt[threadIdx.x] = ((const float *)(base + L.topk_weights))[(size_t)t * K + threadIdx.x];
+        }
+    }
+    mm_wait_previous();
+    MM_KSTAMP(MM_K_COMBINE, MM_KT_WAITED);
+    if (host_err && blockIdx.x == 0 && threadIdx.x == 0) { /* every writer of the words has finished */
+        uint4 *words = (uint4 *)err_words;
+        *(uint4 *)host_err = *words;
+        *words = make_uint4(0xFFFFFFFFu, 0xFFFFFFFFu, 0u, 0u); /* first bad key: none; counts: 0 */
+    }
     if (t >= a.T) return;
     uint16_t *y = a.y + (size_t)t * H;
-    const uint8_t state = (base + L.token_state)[t];
     if (state != MM_TOKEN_LIVE) {
         const uint32_t fill = state == MM_TOKEN_POISONED ? 0x7FC07FC0u : 0u;
         for (int i = c0 * 16 + threadIdx.x; i < c1 * 16; i += blockDim.x) ((uint4 *)y)[i] = make_uint4(fill, fill, fill, fill);
         return;
     }
-    /* The slots' ids and weights first, so the loads of p below do not wait on them one by one. */
-    if (threadIdx.x < K) {
-        const int id = ((const int32_t *)(base + L.topk_ids))[(size_t)t * K + threadIdx.x];
-        live[threadIdx.x] = id >= 0 && id < sh.E;
-        wt[threadIdx.x] = ((const float *)(base + L.topk_weights))[(size_t)t * K + threadIdx.x];
-    }
-    __syncthreads();
+    __syncthreads(); /* the slots' ids and weights */
     const float4 *p = (const float4 *)((const float *)(base + L.p) + (size_t)t * K * H); /* [K, H/4] */
     const int H4 = H / 4;
     if (gamma) {

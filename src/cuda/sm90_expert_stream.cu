@@ -63,6 +63,12 @@
                                       * blocks run several items and the code is warm, 0-1% slower; 1
                                       * gained half of Qwen3 T = 1's (0.0445) */
 #endif
+#ifndef MM_STREAM_EARLY_NEXT
+#define MM_STREAM_EARLY_NEXT 2 /* gate/up (2: and down) lets the next kernel in once its producers have issued every copy
+                                * (griddepcontrol.launch_dependents); the down kernel then sets up, and its
+                                * producer walks its first item's load chain and issues its first weights,
+                                * before it waits for gate/up (st_wait_for_inputs) */
+#endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
 #endif
@@ -195,6 +201,20 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
     tile = local / (p.splits * p.Y);
 }
 
+/* The down kernel's wait for gate/up (MM_STREAM_EARLY_NEXT): its blocks may enter while gate/up's
+ * last blocks still run, so everything that reads only the routing (written kernels before, whose
+ * completion gate/up had waited for before it let this kernel in) runs first, and the wait comes
+ * before the first copy of act rows -- in the producer warp, whose block therefore cannot end before
+ * gate/up has; a block that leaves without streaming waits first as well, so this kernel's end
+ * always implies gate/up's (the completion chain of DECISIONS 37). Elsewhere the kernel's first act. */
+template <int PHASE>
+__device__ __forceinline__ void st_wait_for_inputs() {
+    if (PHASE == PHASE_DOWN && MM_STREAM_EARLY_NEXT) {
+        mm_wait_previous();
+        if ((threadIdx.x & 31) == 0) ST_STAMP(ST_T_WAITED);
+    }
+}
+
 template <int PHASE, class lay>
 __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const mm_dev_weights *weights, const st_params &p, const int *base,
@@ -261,6 +281,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
                     mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
+                if (n == 0) st_wait_for_inputs<PHASE>(); /* the token rows are the previous kernel's output */
                 __syncwarp(); /* expect_tx before any completion */
                 if (lane < nc && xsteps > 0)
                     mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
@@ -273,6 +294,10 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
         hdr[slot].steps = 0;
         mm_mbar_arrive(&full[slot]);
     }
+    /* Every copy of this block is issued: the next kernel may be scheduled (it waits for this one
+     * before it reads what this one writes: st_wait_for_inputs, mm_wait_previous). */
+    if ((PHASE == PHASE_GATE_UP && MM_STREAM_EARLY_NEXT) || MM_STREAM_EARLY_NEXT >= 2)
+        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 /* acc = the splits' partials of a lane's values i < NI added in split order (split 0 first: no
@@ -448,8 +473,11 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force) {
     if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
-    mm_wait_previous();
-    if (threadIdx.x == 0) ST_STAMP(ST_T_WAITED);
+    constexpr bool early = PHASE == PHASE_DOWN && MM_STREAM_EARLY_NEXT; /* st_wait_for_inputs */
+    if (!early) {
+        mm_wait_previous();
+        if (threadIdx.x == 0) ST_STAMP(ST_T_WAITED);
+    }
     extern __shared__ __align__(128) uint8_t ring[];
     using lay = st_lay<XG, B>;
     __shared__ __align__(8) uint64_t full[lay::stages], empty[lay::stages];
@@ -466,7 +494,10 @@ __global__ void __launch_bounds__(ST_THREADS, B)
      * token count (two independent latencies instead of one after the other). */
     if (threadIdx.x < sh.local_ranks) base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
     p.slots = global_slots(sh, L, peers);
-    if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) != GEMM_STREAM) return;
+    if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) != GEMM_STREAM) {
+        if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
+        return;
+    }
     p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
     __syncthreads(); /* the tile counts */
     if (threadIdx.x == 0) {
@@ -486,7 +517,10 @@ __global__ void __launch_bounds__(ST_THREADS, B)
                  (unsigned long long)tile << 32 | (unsigned long long)y << 16 | (unsigned long long)split);
     }
 #endif
-    if ((int)blockIdx.x >= p.items) return;
+    if ((int)blockIdx.x >= p.items) {
+        if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
+        return;
+    }
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp == ST_WARPS) {
