@@ -47,7 +47,10 @@
 #ifndef MM_STREAM_UNROLL
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (H200, 2026-11-29: 4 beat 1 by 2-7% at DSv3 T = 8-128) */
 #endif
-[[maybe_unused]] constexpr int st_unroll = MM_STREAM_UNROLL; /* read by the pragma only */
+#ifndef MM_STREAM_ROLL_BELOW
+#define MM_STREAM_ROLL_BELOW 16 /* a phase whose splits stream fewer K steps launches the instantiation whose
+                                 * loop is not unrolled (0: never) */
+#endif
 #ifndef MM_STREAM_FINISH_PAIRS
 #define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens (Qwen3 T = 1
                                   * -1.6% at UNROLL 1; with UNROLL 2 or 4 it spills) */
@@ -373,7 +376,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
 
 /* One consumer warp's K steps of one chunk of NT n-tiles (8 tokens each), then split-K and the
  * epilogue. n: the block's step count, advanced past the chunk. */
-template <int PHASE, class lay, int NT>
+template <int PHASE, class lay, int NT, int U>
 __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
                                                  uint8_t *const *peers, const mm_dev_weights *weights,
                                                  const st_params &p, const st_header &h, uint8_t *ring,
@@ -385,9 +388,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
         for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
-#if MM_STREAM_UNROLL > 1
-#pragma unroll(st_unroll)
-#endif
+#pragma unroll(U)
     for (int step = 0; step < h.steps; step++, n++) {
         const int slot = n % lay::stages;
         mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
@@ -468,7 +469,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
     return false;
 }
 
-template <int PHASE, bool XG, int B>
+template <int PHASE, bool XG, int B, int U>
 __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force) {
@@ -546,8 +547,8 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         __syncwarp();
         const bool last =
             h.ncols > 8
-                ? st_consume_chunk<PHASE, lay, 2>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
-                : st_consume_chunk<PHASE, lay, 1>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+                ? st_consume_chunk<PHASE, lay, 2, U>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
+                : st_consume_chunk<PHASE, lay, 1, U>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
 #if MM_STREAM_TRACE
         if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_CHUNK); /* its first chunk consumed */
@@ -563,16 +564,17 @@ struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
 };
-enum { ST_PER_SLOT, ST_GROUPED, ST_MORE_BLOCKS, ST_VARIANTS };
-template <bool XG, int B>
+enum { ST_PER_SLOT, ST_GROUPED, ST_MORE_BLOCKS, ST_ROLLED, ST_VARIANTS };
+template <bool XG, int B, int U = MM_STREAM_UNROLL>
 static constexpr st_variant st_variant_of() {
-    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B>},
+    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U>},
             st_lay<XG, B>::smem,
             B};
 }
 static const st_variant st_variants[ST_VARIANTS] = {st_variant_of<false, ST_BLOCKS_PER_SM>(),
                                                     st_variant_of<true, ST_BLOCKS_PER_SM>(),
-                                                    st_variant_of<false, ST_BLOCKS_PER_SM + 1>()};
+                                                    st_variant_of<false, ST_BLOCKS_PER_SM + 1>(),
+                                                    st_variant_of<false, ST_BLOCKS_PER_SM, 1>()};
 
 megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                          uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
@@ -587,7 +589,10 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
      * otherwise leave a short second round (plan_stream_more_blocks). */
     const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
     const bool more = !xg && plan_stream_more_blocks(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms);
-    const st_variant &v = st_variants[xg ? ST_GROUPED : more ? ST_MORE_BLOCKS : ST_PER_SLOT];
+    /* Short splits (Qwen3-like: gate/up at T = 1 streams 8 K steps, down 12 at every T) take the loop
+     * not unrolled: a decode forward fetches its code cold, one step's instead of MM_STREAM_UNROLL's. */
+    const bool rolled = !xg && !more && nkc / plan_stream_splits(slots, sh.E, Y, nkc) < MM_STREAM_ROLL_BELOW;
+    const st_variant &v = st_variants[xg ? ST_GROUPED : more ? ST_MORE_BLOCKS : rolled ? ST_ROLLED : ST_PER_SLOT];
     const long resident = (long)v.blocks_per_sm * sms;
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
     const int grid = (int)(bound < resident ? bound : resident);
