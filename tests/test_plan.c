@@ -69,6 +69,17 @@ static void test_stream_splits_fit_the_workspace(void **state) {
     assert_false(plan_stream_more_blocks(64, 256, 256, 2 * 2048 / 128, 7168 / 64, MM_PLAN_SMS));
     assert_false(plan_stream_more_blocks(16, 8, 8, 2 * 14336 / 128, 4096 / 64, MM_PLAN_SMS));
     assert_false(plan_stream_more_blocks(0, 128, 128, 12, 32, MM_PLAN_SMS));
+    /* The K loop not unrolled for splits of < 16 steps: Qwen3-like gate/up at T = 1 (4 splits of 8)
+     * and its down projection (12 steps) at any T; not its gate/up at T = 8 (32 steps), nor
+     * DeepSeek-V3-like (56 and 32 steps at T = 1) or Mixtral-like (64 and 28) */
+    assert_true(plan_stream_rolled(8, 128, 2 * 768 / 128, 2048 / 64));
+    assert_true(plan_stream_rolled(8, 128, 2048 / 128, 768 / 64));
+    assert_true(plan_stream_rolled(1024, 128, 2048 / 128, 768 / 64));
+    assert_false(plan_stream_rolled(64, 128, 2 * 768 / 128, 2048 / 64));
+    assert_false(plan_stream_rolled(8, 256, 2 * 2048 / 128, 7168 / 64));
+    assert_false(plan_stream_rolled(8, 256, 7168 / 128, 2048 / 64));
+    assert_false(plan_stream_rolled(2, 8, 2 * 14336 / 128, 4096 / 64));
+    assert_false(plan_stream_rolled(2, 8, 4096 / 128, 14336 / 64));
 }
 
 static void wgmma_case(int E, int K, int H, int I, long slots, int y, int nkc) {

@@ -163,6 +163,21 @@ MM_PLAN_FN int plan_stream_more_blocks(long slots, int E, int E_loc, int y, int 
     return items > (double)MM_STREAM_BLOCKS_PER_SM * sms && items <= (double)(MM_STREAM_BLOCKS_PER_SM + 1) * sms;
 }
 
+/* The streaming kernel's K loop not unrolled (its own instantiation, launched per phase) where the
+ * phase's splits stream fewer than MM_STREAM_ROLL_BELOW K steps: Qwen3-like gate/up at T = 1 (8 steps
+ * of 4 splits) and down at every T (12). A decode forward fetches the kernel's code cold after the
+ * L2 flush, and the unrolled loop is MM_STREAM_UNROLL steps' code. Measured (H200, session 12 call 2,
+ * graph replay + L2 flush, twice each): Qwen3-like T = 1 0.0412 -> 0.0377 ms, T = 8-128 within 1%
+ * (0.0778 / 0.0785, 0.1473 / 0.1481, 0.1829 / 0.1830); the other shapes never take it. Unrolling
+ * everywhere at 1 instead (session 11 call 9): Qwen3 T = 1 0.0401, but DSv3 T = 8-32 4% slower; a
+ * run-time choice between both loops inside one kernel: 2% slower at T = 1. */
+#ifndef MM_STREAM_ROLL_BELOW
+#define MM_STREAM_ROLL_BELOW 16 /* 0: never */
+#endif
+MM_PLAN_FN int plan_stream_rolled(long slots, int E, int y, int nkc) {
+    return nkc / plan_stream_splits(slots, E, y, nkc) < MM_STREAM_ROLL_BELOW;
+}
+
 /* The NVFP4 wgmma kernel's split-K (sm90_expert_wgmma.cu): blocks of 256 weight rows x one token
  * tile, 2 resident per SM. With few experts and a long K (Mixtral-like down projection, 16-64 tokens
  * per expert: 8 tiles x 16 row blocks = 128 blocks of 224 K steps) the blocks are fewer than the

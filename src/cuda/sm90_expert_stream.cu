@@ -47,10 +47,6 @@
 #ifndef MM_STREAM_UNROLL
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (H200, 2026-11-29: 4 beat 1 by 2-7% at DSv3 T = 8-128) */
 #endif
-#ifndef MM_STREAM_ROLL_BELOW
-#define MM_STREAM_ROLL_BELOW 16 /* a phase whose splits stream fewer K steps launches the instantiation whose
-                                 * loop is not unrolled (0: never) */
-#endif
 #ifndef MM_STREAM_FINISH_PAIRS
 #define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens (Qwen3 T = 1
                                   * -1.6% at UNROLL 1; with UNROLL 2 or 4 it spills) */
@@ -558,7 +554,8 @@ __global__ void __launch_bounds__(ST_THREADS, B)
 }
 
 /* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
- * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more. */
+ * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, and the per-slot
+ * one with the K loop not unrolled. */
 using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int);
 struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
@@ -589,9 +586,8 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
      * otherwise leave a short second round (plan_stream_more_blocks). */
     const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
     const bool more = !xg && plan_stream_more_blocks(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms);
-    /* Short splits (Qwen3-like: gate/up at T = 1 streams 8 K steps, down 12 at every T) take the loop
-     * not unrolled: a decode forward fetches its code cold, one step's instead of MM_STREAM_UNROLL's. */
-    const bool rolled = !xg && !more && nkc / plan_stream_splits(slots, sh.E, Y, nkc) < MM_STREAM_ROLL_BELOW;
+    /* Short splits take the per-slot instantiation whose K loop is not unrolled (plan_stream_rolled). */
+    const bool rolled = !xg && !more && plan_stream_rolled(slots, sh.E, Y, nkc);
     const st_variant &v = st_variants[xg ? ST_GROUPED : more ? ST_MORE_BLOCKS : rolled ? ST_ROLLED : ST_PER_SLOT];
     const long resident = (long)v.blocks_per_sm * sms;
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
