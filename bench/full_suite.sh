@@ -5,12 +5,15 @@
 # GPU 0: test_gpu auto / mma / wgmma, memcheck auto / stream / wgmma, racecheck auto / mma / wgmma.
 # GPU 1: test_gpu stream / ws / ws64, memcheck ws, then the NVFP4 and BF16 tables (three shapes, T = 1-8192).
 # Both: the 2-GPU pytest. Logs under $OUT/logs (tarred), the step lines and the tables printed last.
+# A call's script may define extra_gpu0 / extra_gpu1 (shell functions, run after each GPU's part,
+# e.g. a variant's tests and cmp_bench) and then source this file.
 . bench/call_lib.sh
 (
   export CUDA_VISIBLE_DEVICES=0
   for g in auto mma wgmma; do tg test_gpu $g; done
   for g in auto stream wgmma; do san memcheck test_gpu $g; done
   for g in auto mma wgmma; do san racecheck test_gpu $g; done
+  if declare -F extra_gpu0 >/dev/null; then extra_gpu0; fi
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
@@ -24,6 +27,7 @@
         --tokens 1,8,32,128,512,2048,8192 --iters 10 >> "$L/bench_table.log" 2>&1
     done
   done
+  if declare -F extra_gpu1 >/dev/null; then extra_gpu1; fi
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
