@@ -112,8 +112,10 @@ __device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontro
  * hand-off needs. Measured (H200, session 10 calls 3-4): no change in time -- the ~7 us tail of the
  * streaming split-K hand-off at Qwen3 T = 1 stayed (DECISIONS 62) -- kept as the lighter pattern. */
 __device__ __forceinline__ void mm_fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
-/* No griddepcontrol.launch_dependents after the wait: letting the next kernel's blocks in early was
- * measured slower (H200, session 4: DSv3 T=1 0.118 -> 0.126 ms, Qwen3 T=128 0.223 -> 0.238). */
+/* No griddepcontrol.launch_dependents right after every kernel's wait: letting the next kernel's
+ * blocks in early that way was measured slower (H200, session 4: DSv3 T=1 0.118 -> 0.126 ms, Qwen3
+ * T=128 0.223 -> 0.238). Two kernels trigger where it was measured faster: the streaming kernels once
+ * a block's copies are issued, and the stage kernel when it routes 2+ tokens (DECISIONS 68, 70). */
 
 template <typename... KArgs, typename... Args>
 static inline cudaError_t mm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,

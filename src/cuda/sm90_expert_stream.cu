@@ -66,7 +66,10 @@
 #define MM_STREAM_EARLY_NEXT 2 /* gate/up (2: and down) lets the next kernel in once its producers have issued every copy
                                 * (griddepcontrol.launch_dependents); the down kernel then sets up, and its
                                 * producer walks its first item's load chain and issues its first weights,
-                                * before it waits for gate/up (st_wait_for_inputs) */
+                                * before it waits for gate/up (st_wait_for_inputs). H200, session 12 call 1:
+                                * 2 against 0, Qwen3 T = 1 / 8 / 32 0.0424 / 0.0827 / 0.1528 -> 0.0408 /
+                                * 0.0772 / 0.1477, Mixtral T = 1 0.1001 -> 0.0975, DSv3 T = 1 0.0992 -> 0.0959
+                                * (DECISIONS 68) */
 #endif
 #ifndef ST_STAGES
 #define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
