@@ -66,3 +66,11 @@ trace_runs() {
       --tokens "$t" --iters 10 >> "$L/trace.txt" 2>&1
   done
 }
+# multi_gpu NAME: the 2-GPU pytest (tests/py/test_multi_gpu.py, NCCL across both GPUs) with the CLI
+# build NAME; one result line.
+multi_gpu() {
+  local log="$L/multi_gpu_$1.txt"
+  MEGAMOE_CLI="$(bin "$1")" timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/py/test_multi_gpu.py \
+    > "$log" 2>&1
+  echo "multi-GPU $1: $(tail -n 1 "$log") at $(el) s"
+}

@@ -31,9 +31,5 @@
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
-(
-  MEGAMOE_CLI=.devbin/megamoe timeout 120 python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/py/test_multi_gpu.py > "$L/multi_gpu.txt" 2>&1
-  echo "multi-GPU: $(tail -n 1 "$L/multi_gpu.txt") at $(el) s"
-) > "$L/both.txt" 2>&1
+multi_gpu main > "$L/both.txt" 2>&1
 call_finish
