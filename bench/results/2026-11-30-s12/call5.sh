@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 12 as the next session's first call (nvidia-h200-x2, carry .devpack; not run:
-# the session's device time was spent; give it timeout_s 600, ~7 min). Builds (here, main d51ec1f's
-# device code = 2af4546's, SASS-identical):
+# the session's device time was spent; give it timeout_s 600, ~8 min). Builds (here, on main after
+# the trace build's stage stamps; the default build's device code is 2af4546's, SASS-identical):
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "hplan@wip/host-plan="
 #   bash bench/build_variants.sh "trace=-DMM_STREAM_TRACE=1"
@@ -11,9 +11,9 @@
 #   plan_splitk / plan_stream_splits before their first copy (gate/up: waited -> setup 1.25 us at
 #   Qwen3 T = 1, call 1's trace). NCCL keeps the device plan (the 2-GPU pytest runs that path).
 # Diagnosis of the cells still behind Marlin (BENCHMARKS twelfth session):
-#   the timelines at T = 8, 32 and 128 on the three shapes (Mixtral T = 8 -> 32 costs 58 us with the
-#   same weights streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per
-#   block); ncu stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the
+#   the timelines at T = 1 (with the stage kernel's new stamps: amax, route read / counted /
+#   tiles), 8, 32 and 128 on the three shapes (Mixtral T = 8 -> 32 costs 58 us with the same weights
+#   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the
 #   wgmma kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
 # GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128.
 # GPU 1: the traces, then ncu (bench/stalls.sh; its reports under the logs).
@@ -27,7 +27,7 @@
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
-  for t in 8 32 128; do trace_runs trace $t; done
+  for t in 1 8 32 128; do trace_runs trace $t; done
   OUT=$L timeout 150 bash bench/stalls.sh sm90_expert_stream_kernel "8 2 4096 14336" 32
   OUT=$L timeout 150 bash bench/stalls.sh sm90_expert_stream_kernel "128 8 2048 768" 128
   OUT=$L timeout 150 bash bench/stalls.sh sm90_expert_wgmma_kernel "128 8 2048 768" 8192
@@ -35,5 +35,5 @@
 ) > "$L/gpu1.txt" 2>&1 &
 wait
 multi_gpu hplan > "$L/both.txt" 2>&1
-grep -E "^==|trace, |  (entry|waited|setup|first copy|first full|streamed|first chunk|done|staged|exit|items per) " "$L/trace.txt" | cut -c1-110
+grep -E "^==|trace, |  (entry|waited|setup|first copy|first full|streamed|first chunk|done|staged|exit|items per|amax|route [a-z]+) " "$L/trace.txt" | cut -c1-110
 call_finish
