@@ -15,7 +15,8 @@
 #   tiles), 8, 32 and 128 on the three shapes (Mixtral T = 8 -> 32 costs 58 us with the same weights
 #   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the
 #   wgmma kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
-# GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128.
+# GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128, then main's
+#   test_gpu stream / ws / ws64 (the stage kernel's trigger has run auto / mma / wgmma only).
 # GPU 1: the traces, then ncu (bench/stalls.sh; its reports under the logs).
 # Both: the 2-GPU pytest with hplan.
 . bench/call_lib.sh
@@ -23,6 +24,8 @@
   export CUDA_VISIBLE_DEVICES=0
   stream_checks test_gpu_hplan
   cmp_bench bench0.log 1,8,32,128 main hplan main hplan
+  # main's stage trigger (2af4546) ran auto / mma / wgmma (call 4); the other kernel modes here
+  for g in stream ws ws64; do tg test_gpu $g; done
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
