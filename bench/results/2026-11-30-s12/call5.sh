@@ -4,8 +4,10 @@
 # the trace build's stage stamps; the default build's device code is 2af4546's, SASS-identical):
 #   bash bench/stage_device.sh
 #   TESTS=1 bash bench/build_variants.sh "hplan@wip/host-plan="
-#   bash bench/build_variants.sh "trace=-DMM_STREAM_TRACE=1"
+#   bash bench/build_variants.sh "trace=-DMM_STREAM_TRACE=1" "wg4=-DWG_STAGES=4" "wg6=-DWG_STAGES=6"
 #   bash bench/pack_devbin.sh
+# wg4 / wg6: the NVFP4 wgmma kernel's ring at 4 / 6 stages (5 on main; never measured), at Qwen3
+#   T = 512 / 2048 / 8192 where it is chosen and Marlin still leads.
 # hplan = wip/host-plan: in one process the host passes the streaming kernel its slot count and split
 #   plan, so its blocks skip the token-count read and the 64-bit divisions of gemm_choice /
 #   plan_splitk / plan_stream_splits before their first copy (gate/up: waited -> setup 1.25 us at
@@ -13,10 +15,12 @@
 # Diagnosis of the cells still behind Marlin (BENCHMARKS twelfth session):
 #   the timelines at T = 1 (with the stage kernel's new stamps: amax, route read / counted /
 #   tiles), 8, 32 and 128 on the three shapes (Mixtral T = 8 -> 32 costs 58 us with the same weights
-#   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the
-#   wgmma kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
-# GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128, then main's
-#   test_gpu stream / ws / ws64 (the stage kernel's trigger has run auto / mma / wgmma only).
+#   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu
+#   stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the wgmma
+#   kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
+# GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128, main / wg4 /
+#   wg6 twice at Qwen3 T = 512-8192, then main's test_gpu stream / ws / ws64 (the stage kernel's
+#   trigger has run auto / mma / wgmma only).
 # GPU 1: the traces, then ncu (bench/stalls.sh; its reports under the logs).
 # Both: the 2-GPU pytest with hplan.
 . bench/call_lib.sh
@@ -24,6 +28,11 @@
   export CUDA_VISIBLE_DEVICES=0
   stream_checks test_gpu_hplan
   cmp_bench bench0.log 1,8,32,128 main hplan main hplan
+  # Qwen3 prefill (wgmma chosen; 4.7-9.6% behind Marlin): the wgmma ring at 4 and 6 stages (5 on main)
+  for n in main wg4 wg6 main wg4 wg6; do
+    timeout 60 "$(bin "$n")" bench --backend cuda --format nvfp4 --experts 128 --top-k 8 --hidden 2048 --inter 768 \
+      --tokens 512,2048,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench_wg.log"
+  done
   # main's stage trigger (2af4546) ran auto / mma / wgmma (call 4); the other kernel modes here
   for g in stream ws ws64; do tg test_gpu $g; done
   echo "gpu0 done at $(el) s"
