@@ -19,7 +19,7 @@
 #   stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the wgmma
 #   kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
 # GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128, main / wg4 /
-#   wg6 twice at Qwen3 T = 512-8192, then main's test_gpu stream / ws / ws64 (the stage kernel's
+#   wg6 twice at Qwen3 T = 512-8192, then main's test_gpu stream / ws (the stage kernel's
 #   trigger has run auto / mma / wgmma only).
 # GPU 1: the traces, then ncu (bench/stalls.sh; its reports under the logs).
 # Both: the 2-GPU pytest with hplan.
@@ -34,15 +34,15 @@
       --tokens 512,2048,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/bench_wg.log"
   done
   # main's stage trigger (2af4546) ran auto / mma / wgmma (call 4); the other kernel modes here
-  for g in stream ws ws64; do tg test_gpu $g; done
+  for g in stream ws; do tg test_gpu $g; done
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=1
   for t in 1 8 32 128; do trace_runs trace $t; done
-  OUT=$L timeout 150 bash bench/stalls.sh sm90_expert_stream_kernel "8 2 4096 14336" 32
-  OUT=$L timeout 150 bash bench/stalls.sh sm90_expert_stream_kernel "128 8 2048 768" 128
-  OUT=$L timeout 150 bash bench/stalls.sh sm90_expert_wgmma_kernel "128 8 2048 768" 8192
+  OUT=$L timeout 120 bash bench/stalls.sh sm90_expert_stream_kernel "8 2 4096 14336" 32
+  OUT=$L timeout 120 bash bench/stalls.sh sm90_expert_stream_kernel "128 8 2048 768" 128
+  OUT=$L timeout 120 bash bench/stalls.sh sm90_expert_wgmma_kernel "128 8 2048 768" 8192
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
