@@ -3,7 +3,7 @@
 # the session's device time was spent; give it timeout_s 600, ~8 min). Builds (here, on main after
 # the trace build's stage stamps; the default build's device code is 2af4546's, SASS-identical):
 #   bash bench/stage_device.sh
-#   TESTS=1 bash bench/build_variants.sh "hplan@wip/host-plan="
+#   TESTS=1 bash bench/build_variants.sh "hplan@wip/host-plan=" "sx@wip/stage-early-x="
 #   bash bench/build_variants.sh "trace=-DMM_STREAM_TRACE=1" "wg4=-DWG_STAGES=4" "wg6=-DWG_STAGES=6"
 #   bash bench/pack_devbin.sh
 # wg4 / wg6: the NVFP4 wgmma kernel's ring at 4 / 6 stages (5 on main; never measured), at Qwen3
@@ -12,13 +12,16 @@
 #   plan, so its blocks skip the token-count read and the 64-bit divisions of gemm_choice /
 #   plan_splitk / plan_stream_splits before their first copy (gate/up: waited -> setup 1.25 us at
 #   Qwen3 T = 1, call 1's trace). NCCL keeps the device plan (the 2-GPU pytest runs that path).
+# sx = wip/stage-early-x: the stage kernel issues its x loads before the ids and the padding flag
+#   (they followed the padding branch: two memory latencies in a row at T = 1), and the weight load
+#   before the id's store. Its bytes must stay the CPU's: test_gpu's activation-bytes test.
 # Diagnosis of the cells still behind Marlin (BENCHMARKS twelfth session):
 #   the timelines at T = 1 (with the stage kernel's new stamps: amax, route read / counted /
 #   tiles), 8, 32 and 128 on the three shapes (Mixtral T = 8 -> 32 costs 58 us with the same weights
 #   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu
 #   stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the wgmma
 #   kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
-# GPU 0: hplan's stream checks, then main / hplan alternating twice at T = 1, 8, 32, 128, main / wg4 /
+# GPU 0: hplan's stream checks, sx auto and memcheck, then main / hplan / sx alternating twice at T = 1, 8, 32, 128, main / wg4 /
 #   wg6 twice at Qwen3 T = 512-8192, then main's test_gpu stream / ws (the stage kernel's
 #   trigger has run auto / mma / wgmma only).
 # GPU 1: the traces, then ncu (bench/stalls.sh; its reports under the logs).
@@ -27,7 +30,9 @@
 (
   export CUDA_VISIBLE_DEVICES=0
   stream_checks test_gpu_hplan
-  cmp_bench bench0.log 1,8,32,128 main hplan main hplan
+  tg test_gpu_sx auto
+  san memcheck test_gpu_sx auto
+  cmp_bench bench0.log 1,8,32,128 main hplan sx main hplan sx
   # Qwen3 prefill (wgmma chosen; 4.7-9.6% behind Marlin): the wgmma ring at 4 and 6 stages (5 on main)
   for n in main wg4 wg6 main wg4 wg6; do
     timeout 60 "$(bin "$n")" bench --backend cuda --format nvfp4 --experts 128 --top-k 8 --hidden 2048 --inter 768 \
