@@ -21,7 +21,7 @@
 #   weight copy);
 # guard = wip/residency-guard: the finalize checks with the occupancy API that each streaming
 #   instantiation keeps its planned blocks per SM (the 4-block ring fills 228 KB to the byte) --
-#   test_gpu passing confirms the residency the plan assumes;
+#   its bench running (exit 0) confirms the residency the plan assumes;
 # sx = wip/stage-early-x: the stage kernel issues its x loads before the ids and the padding flag
 #   (they followed the padding branch: two memory latencies in a row at T = 1), and the weight load
 #   before the id's store. Its bytes must stay the CPU's: test_gpu's activation-bytes test.
@@ -31,7 +31,7 @@
 #   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu
 #   stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the wgmma
 #   kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
-# GPU 0: sp's stream checks, sx auto and memcheck, guard auto, then main / hplan / sp / sx alternating
+# GPU 0: sp's stream checks, sx auto and memcheck, guard's bench on each shape, then main / hplan / sp / sx alternating
 #   twice at T = 1, 8, 32, 128, main / wg4 / wg6 twice at Qwen3 T = 512-8192.
 # GPU 1: the traces, main's test_gpu stream / ws (the stage kernel's trigger has run auto / mma /
 #   wgmma only), then ncu (bench/stalls.sh; its reports under the logs) while time is left.
@@ -42,7 +42,13 @@
   stream_checks test_gpu_sp
   tg test_gpu_sx auto
   san memcheck test_gpu_sx auto
-  tg test_gpu_guard auto
+  # the residency check runs when a layer is finalized: one bench of each shape is enough
+  for sh in "128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048"; do
+    set -- $sh
+    timeout 40 .devbin/megamoe_guard bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 \
+      --inter $4 --tokens 1,8 --iters 3 >> "$L/guard.log" 2>&1
+    echo "guard E=$1: exit $? at $(el) s"
+  done
   cmp_bench bench0.log 1,8,32,128 main hplan sp sx main hplan sp sx
   # Qwen3 prefill (wgmma chosen; 4.7-9.6% behind Marlin): the wgmma ring at 4 and 6 stages (5 on main)
   for n in main wg4 wg6 main wg4 wg6; do
