@@ -31,8 +31,8 @@
 #   streamed and one n-tile either way: where does it go? Qwen3 T = 128: 3-4 items per block); ncu
 #   stall reasons of the streaming kernel at Mixtral T = 32 and Qwen3 T = 128 and of the wgmma
 #   kernel at Qwen3 T = 8192 (194 TFLOP/s against DSv3's 347 on the ws kernel).
-# GPU 0: sp's stream checks, sx auto and memcheck, guard's bench on each shape, then main / hplan / sp / sx alternating
-#   twice at T = 1, 8, 32, 128, main / wg4 / wg6 twice at Qwen3 T = 512-8192.
+# GPU 0: sp's stream checks, sx auto and memcheck, guard's bench on each shape, then main / hplan /
+#   sp / sx alternating twice at T = 1, 8, 32, 128, main / wg4 / wg6 twice at Qwen3 T = 512-8192.
 # GPU 1: the traces, main's test_gpu stream / ws (the stage kernel's trigger has run auto / mma /
 #   wgmma only), then ncu (bench/stalls.sh; its reports under the logs) while time is left.
 # Both: the 2-GPU pytest with sp (NCCL: its device-table path).
