@@ -110,7 +110,9 @@ struct st_lay {
     static constexpr int group = XG ? ST_XG : 1;
     static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
     static_assert(slot % 128 == 0 && stages % group == 0, "aligned slots, whole groups");
-    static_assert(B * (smem + 2304) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
+    /* 2048 B of static shared memory (cuobjdump: 2048, 1920 in the 5-block instantiation) and the
+     * 1 KB the system reserves per block; the 4-block per-slot ring meets 228 KB exactly. */
+    static_assert(B * (smem + 2048 + 1024) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
     /* The weights of a slot; its token rows (token t's at + t * xrow); token t's code and scale. */
     static __device__ __forceinline__ uint8_t *w(uint8_t *ring, int s) { return ring + s * slot; }
     static __device__ __forceinline__ uint8_t *x(uint8_t *ring, int s) {
@@ -584,8 +586,8 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     MM_CUDA_TRY(mm_device_sms(&sms));
     /* A persistent grid; the items of a forward are known on the device only, bounded here. */
     const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
-    /* The layout from the average slots per expert (host-known; numerics are the same in all three
-     * instantiations); in the per-slot layout one block per SM more where the phase's items would
+    /* The layout from the average slots per expert (host-known; numerics are the same in every
+     * instantiation); in the per-slot layout one block per SM more where the phase's items would
      * otherwise leave a short second round (plan_stream_more_blocks). */
     const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
     const bool more = !xg && plan_stream_more_blocks(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms);
