@@ -658,16 +658,20 @@ static void st_trace_report() {
     static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full", "streamed",
                                             "stored", "fenced", "counted", "summed", "first chunk", "done"};
     static const char *kname[MM_K_KERNELS] = {"stage", "combine"};
-    static const char *kev[MM_KT_EVENTS] = {"entry", "waited", "staged", "exit"};
+    static const char *kev[MM_KT_EVENTS] = {"entry", "waited", "staged", "exit", "amax", "route read", "route counted", "route tiles"};
+    /* In the order they happen (the combine stamps the first four only). */
+    static const int order[MM_KT_EVENTS] = {MM_KT_ENTRY,    MM_KT_WAITED,    MM_KT_AMAX,    MM_KT_MID,
+                                            MM_KT_R_READ, MM_KT_R_COUNTED, MM_KT_R_TILES, MM_KT_EXIT};
     for (int k = 0; k < MM_K_KERNELS; k++) {
         fprintf(stderr, "kernel trace, %s (us from the first gate/up block's entry; earliest / median / latest):\n", kname[k]);
-        for (int ev = 0; ev < MM_KT_EVENTS; ev++) {
+        for (int oi = 0; oi < MM_KT_EVENTS; oi++) {
+            const int ev = order[oi];
             std::vector<double> v;
             for (int b = 0; b < MM_KTRACE_BLOCKS; b++)
                 if (kt[k][b][ev] && kt[k][b][MM_KT_ENTRY]) v.push_back(((double)kt[k][b][ev] - (double)t0) * 1e-3);
             if (v.empty()) continue;
             std::sort(v.begin(), v.end());
-            fprintf(stderr, "  %-11s %9.2f %9.2f %9.2f  (%zu blocks)\n", k == MM_K_STAGE || ev != MM_KT_MID ? kev[ev] : "mid",
+            fprintf(stderr, "  %-13s %9.2f %9.2f %9.2f  (%zu blocks)\n", k == MM_K_STAGE || ev != MM_KT_MID ? kev[ev] : "mid",
                     v.front(), v[v.size() / 2], v.back(), v.size());
         }
     }

@@ -51,6 +51,7 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
     finite = __syncthreads_and(finite);
     amax = mm_block_max(amax, scratch);
+    MM_KSTAMP(MM_K_STAGE, MM_KT_AMAX);
     if (!finite) {
         if (threadIdx.x == 0) state[t] = MM_TOKEN_POISONED;
         return;

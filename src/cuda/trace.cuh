@@ -14,7 +14,10 @@
 
 #define MM_KTRACE_BLOCKS 64
 enum { MM_K_STAGE, MM_K_COMBINE, MM_K_KERNELS };
-enum { MM_KT_ENTRY, MM_KT_WAITED, MM_KT_MID, MM_KT_EXIT, MM_KT_EVENTS };
+/* The stage kernel's finer stamps (after MM_KT_EXIT): its token's amax known; its routing block's
+ * staged slots read, experts counted, tiles written. */
+enum { MM_KT_ENTRY, MM_KT_WAITED, MM_KT_MID, MM_KT_EXIT, MM_KT_AMAX, MM_KT_R_READ, MM_KT_R_COUNTED, MM_KT_R_TILES,
+       MM_KT_EVENTS };
 
 #if MM_STREAM_TRACE
 static __constant__ unsigned long long *mm_ktrace_table; /* [MM_K_KERNELS][MM_KTRACE_BLOCKS][MM_KT_EVENTS] */
