@@ -473,7 +473,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 template <int PHASE, bool XG, int B, int U>
 __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
-                              const mm_dev_weights *weights, int force) {
+                              const mm_dev_weights *weights, int force, long host_slots, int host_splits) {
     if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
     constexpr bool early = PHASE == PHASE_DOWN && MM_STREAM_EARLY_NEXT; /* st_wait_for_inputs */
     if (!early) {
@@ -495,12 +495,18 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     /* The local ranks' tile counts are read by one thread each while every thread reads the group's
      * token count (two independent latencies instead of one after the other). */
     if (threadIdx.x < sh.local_ranks) base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
-    p.slots = global_slots(sh, L, peers);
-    if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) != GEMM_STREAM) {
-        if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
-        return;
+    if (host_splits > 0) { /* one process: the host's plan is this kernel's (sm90_expert_stream_launch) */
+        p.slots = host_slots;
+        p.splits = host_splits;
+    } else {
+        p.slots = global_slots(sh, L, peers);
+        if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) !=
+            GEMM_STREAM) {
+            if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
+            return;
+        }
+        p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
     }
-    p.splits = plan_stream_splits(p.slots, sh.E, Y, p.nkc);
     __syncthreads(); /* the tile counts */
     if (threadIdx.x == 0) {
         for (int i = 0; i < lay::stages; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
@@ -561,7 +567,7 @@ __global__ void __launch_bounds__(ST_THREADS, B)
 /* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
  * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, and the per-slot
  * one with the K loop not unrolled. */
-using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int);
+using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, long, int);
 struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
@@ -598,7 +604,14 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
     const int grid = (int)(bound < resident ? bound : resident);
     if (grid <= 0) return MEGAMOE_OK;
-    MM_CUDA_TRY(mm_launch(v.kernel[phase], grid, ST_THREADS, v.smem, s, sh, L, peers, weights, force));
+    /* One process: the slot count is the group's, so the kernel's choice (the host launched this
+     * kernel because it is the choice) and its split plan are known here; the blocks take them as
+     * arguments instead of reading the token count and planning (64-bit divisions, code fetched cold
+     * at decode) before their first copy. NCCL: 0, the blocks plan from the group's count. */
+    const bool one_process = sh.local_ranks == sh.R;
+    const int host_splits = one_process ? plan_stream_splits(slots, sh.E, Y, nkc) : 0;
+    MM_CUDA_TRY(mm_launch(v.kernel[phase], grid, ST_THREADS, v.smem, s, sh, L, peers, weights, force,
+                          one_process ? slots : 0L, host_splits));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
