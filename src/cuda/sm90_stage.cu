@@ -13,14 +13,26 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     const int t = blockIdx.x, K = sh.K, H = sh.H;
     if (t == 0 && threadIdx.x == 0) *(int32_t *)(base + L.num_tokens) = a.T;
     if (t >= a.T) return;
+    /* This thread's first 16-value block of the token, loaded before the ids and the padding flag:
+     * its memory latency then overlaps theirs instead of following the padding branch (a padded
+     * token's row is read and not used). */
+    const uint16_t *x = a.x + (size_t)t * H; /* [H] bf16 */
+    const int nblocks = H / 16;
+    uint4 first0 = make_uint4(0, 0, 0, 0), first1 = first0;
+    if ((int)threadIdx.x < nblocks) {
+        const uint4 *src = (const uint4 *)(x + threadIdx.x * 16);
+        first0 = src[0];
+        first1 = src[1];
+    }
     int32_t *ids = (int32_t *)(base + L.topk_ids);       /* [T_max, K] */
     float *weights = (float *)(base + L.topk_weights);   /* [T_max, K] */
     uint8_t *state = base + L.token_state;               /* [T_max]    */
     const bool pad = a.padding && a.padding[t];
     for (int k = threadIdx.x; k < K; k += blockDim.x) {
         const int id = a.ids[(size_t)t * K + k];
+        const float w = a.weights[(size_t)t * K + k]; /* both loads before the stores, which may alias */
         ids[(size_t)t * K + k] = id;
-        weights[(size_t)t * K + k] = a.weights[(size_t)t * K + k];
+        weights[(size_t)t * K + k] = w;
         if (!pad && (id < -1 || id >= sh.E)) {
             const unsigned long long key = ((unsigned long long)(((uint32_t)rank * sh.T_max + t) * K + k) << 32) |
                                            (uint32_t)id;
@@ -34,13 +46,15 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
     /* Each thread owns whole 16-value blocks, read as two 16-byte loads: one pass issues every load
      * of the token at once (a strided scalar pass waited for memory ~28 times in a row). */
-    const uint16_t *x = a.x + (size_t)t * H; /* [H] bf16 */
-    const int nblocks = H / 16;
     int finite = 1;
     float amax = 0.0f;
     for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
-        const uint4 *src = (const uint4 *)(x + b * 16);
-        const uint4 v0 = src[0], v1 = src[1];
+        uint4 v0 = first0, v1 = first1;
+        if (b != (int)threadIdx.x) {
+            const uint4 *src = (const uint4 *)(x + b * 16);
+            v0 = src[0];
+            v1 = src[1];
+        }
         const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int i = 0; i < 8; i++) {
