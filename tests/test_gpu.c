@@ -5,6 +5,8 @@
  *   - y within relative L2 1e-3 of the CPU over a grid of shapes (T = 1, T not a multiple of the
  *     tile, T = T_max, experts with no tokens, all tokens on one expert, -1 slots, padding, NaN/Inf
  *     tokens, K = 1 and 8, E from 8 to 256, H/I at 256 and at 7168/2048), NaN and zero rows exact;
+ *   - one token with each of those edge cases (its staging and routing take their own path on one
+ *     rank: the stage block routes it);
  *   - y bitwise identical for R = 1, 2, 4, 8 ranks on one GPU;
  *   - a forward captured in a CUDA graph and replayed on new inputs;
  *   - bad expert ids reported by megamoe_layer_check; memory accounting;
@@ -66,8 +68,8 @@ static void dev_free(dev_inputs *d) {
     cudaFree(d->x), cudaFree(d->y), cudaFree(d->ids), cudaFree(d->w), cudaFree(d->pad);
 }
 
-/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws|ws64 forces one (the suite runs
- * once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
+/* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws|ws64 forces one (the suite
+ * runs once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
 static int g_gemm_kernel;
 
 static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamoe_group **g,
@@ -154,7 +156,32 @@ static double compare(const tu_inputs *in, const uint16_t *y_gpu, const uint16_t
 typedef struct grid_case {
     int E, K, H, I, T, T_max;
     int one_expert; /* every token's first slot on expert 1, the others empty */
+    int edge1;      /* T = 1: one edge case on the only token (one_token_edge) */
 } grid_case;
+
+/* The edge cases of tu_inputs_edge_cases (tokens 1-7 of T >= 8) on a forward of one token, whose
+ * staging and routing take their own path on one rank (the stage block routes it). */
+static void one_token_edge(tu_inputs *in, int v) {
+    const int K = in->K, H = in->H;
+    switch (v) {
+    case 1: in->padding[0] = 1; break;
+    case 2: in->x[7] = 0x7FC0; break;       /* NaN */
+    case 3: in->x[100 % H] = 0x7F80; break; /* +Inf */
+    case 4:
+        for (int k = 0; k < K; k++)
+            in->ids[k] = -1;
+        break;
+    case 5: in->ids[K - 1] = -1; break;
+    case 6:
+        if (K >= 2) in->ids[1] = in->ids[0]; /* one expert twice */
+        break;
+    case 7:
+        for (int h = 0; h < H; h++)
+            in->x[h] = 0;
+        break;
+    default: break;
+    }
+}
 
 static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *Rs, int nR) {
     megamoe_layer_config c;
@@ -170,6 +197,7 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         for (int t = 0; t < gc->T; t++)
             for (int k = 0; k < gc->K; k++)
                 in.ids[t * gc->K + k] = k == 0 ? 1 : -1;
+    if (gc->edge1 && gc->T == 1) one_token_edge(&in, gc->edge1);
     megamoe_group *g;
     megamoe_layer *l;
     /* CPU reference: one rank holding all tokens. */
@@ -191,8 +219,9 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         make_layer(&m, MEGAMOE_BACKEND_CUDA, R, &g, &l);
         uint16_t *y = gpu_run(g, l, &in, &d);
         char what[160];
-        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d T_max=%d R=%d%s", fmt ? "bf16 " : "nvfp4",
-                 gc->E, gc->K, gc->H, gc->I, gc->T, gc->T_max, R, gc->one_expert ? " one-expert" : "");
+        snprintf(what, sizeof what, "%s E=%d K=%d H=%d I=%d T=%d T_max=%d R=%d%s edge %d",
+                 fmt ? "bf16 " : "nvfp4", gc->E, gc->K, gc->H, gc->I, gc->T, gc->T_max, R,
+                 gc->one_expert ? " one-expert" : "", gc->edge1);
         compare(&in, y, y_cpu, what);
         if (!y_first)
             y_first = y;
@@ -205,7 +234,8 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
         megamoe_group_destroy(g);
     }
 #ifdef MEGAMOE_HAVE_NCCL
-    if (g_have_comm && y_first && gc->T <= gc->T_max) { /* the NCCL backend, one rank: bitwise equal to the CUDA backend */
+    if (g_have_comm && y_first &&
+        gc->T <= gc->T_max) { /* the NCCL backend, one rank: bitwise equal to the CUDA backend */
         make_layer(&m, MEGAMOE_BACKEND_NCCL, 1, &g, &l);
         uint16_t *y = gpu_run(g, l, &in, &d);
         char what[160];
@@ -228,18 +258,33 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
 
 static const int k_ranks[] = {1, 2, 4, 8};
 
+/* One token with each edge case, both formats, every rank count (R = 1: the stage block routes it). */
+static void test_one_token(void **state) {
+    (void)state;
+    for (int f = 0; f < 2; f++)
+        for (int v = 0; v <= 7; v++) {
+            const grid_case gc = {16, 4, 256, 256, 1, 4, 0, v};
+            run_case((megamoe_weight_format)f, &gc, k_ranks, 4);
+        }
+}
+
 static void test_grid_small(void **state) {
     (void)state;
     const grid_case cases[] = {
-        {8, 2, 256, 256, 1, 1, 0},     {8, 2, 256, 256, 77, 128, 0},  {8, 2, 256, 256, 128, 128, 0},
-        {8, 4, 256, 512, 0, 16, 0},    {16, 1, 512, 768, 33, 40, 0},  {8, 8, 256, 256, 50, 64, 0},
-        {8, 2, 256, 256, 200, 200, 1}, {256, 8, 256, 256, 64, 64, 0},
+        {8, 2, 256, 256, 1, 1, 0, 0},
+        {8, 2, 256, 256, 77, 128, 0, 0},
+        {8, 2, 256, 256, 128, 128, 0, 0},
+        {8, 4, 256, 512, 0, 16, 0, 0},
+        {16, 1, 512, 768, 33, 40, 0, 0},
+        {8, 8, 256, 256, 50, 64, 0, 0},
+        {8, 2, 256, 256, 200, 200, 1, 0},
+        {256, 8, 256, 256, 64, 64, 0, 0},
         /* Every token of R = 4, 8 ranks on rank 0's expert 1: 256 slot rows, more than the gathered
          * copy holds (MM_GATHER_CAP * T_max * K = 128), so a gathering build reads them in place. */
-        {8, 1, 256, 256, 256, 64, 1},
+        {8, 1, 256, 256, 256, 64, 1, 0},
         /* 192 slots on 256 experts (~135 reached, ~540 gate/up items): the streaming kernel's
          * instantiation with one block per SM more (plan_stream_more_blocks) */
-        {256, 4, 256, 256, 48, 48, 0},
+        {256, 4, 256, 256, 48, 48, 0, 0},
     };
     assert_true(plan_stream_more_blocks(48 * 4, 256, 256, 2 * 256 / 128, 256 / 64, MM_PLAN_SMS));
     for (int f = 0; f < 2; f++)
@@ -249,7 +294,7 @@ static void test_grid_small(void **state) {
 
 static void test_grid_large(void **state) {
     (void)state;
-    const grid_case cases[] = {{8, 8, 7168, 2048, 20, 20, 0}, {16, 4, 2048, 768, 300, 300, 0}};
+    const grid_case cases[] = {{8, 8, 7168, 2048, 20, 20, 0, 0}, {16, 4, 2048, 768, 300, 300, 0, 0}};
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case((megamoe_weight_format)f, &cases[i], k_ranks, 2);
@@ -387,8 +432,10 @@ static cudaError_t wait_stream(cudaStream_t s, int ms) {
  * either phase, as the launcher plans it (sm90_expert_gemm.cu). */
 static int takes_ws(const megamoe_layer_config *c, long slots, int nvfp4) {
     const int E = c->num_experts, H = c->hidden_size, I = c->intermediate_size, mk = H < I ? H : I;
-    const int k1 = gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, 2 * I / 128, H / 64).splits, nvfp4, mk);
-    const int k2 = gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, H / 128, I / 64).splits, nvfp4, mk);
+    const int k1 =
+        gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, 2 * I / 128, H / 64).splits, nvfp4, mk);
+    const int k2 =
+        gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, H / 128, I / 64).splits, nvfp4, mk);
     return gemm_rank(k1) >= 2 || gemm_rank(k2) >= 2;
 }
 
@@ -415,7 +462,8 @@ static void test_other_stream_holds_sms(void **state) {
             const int T = tokens[i];
             tu_inputs in;
             tu_inputs_edge_cases(&in, T, &c, 30 + i);
-            uint16_t *y_cpu = malloc((size_t)T * c.hidden_size * 2), *y_gpu = malloc((size_t)T * c.hidden_size * 2);
+            uint16_t *y_cpu = malloc((size_t)T * c.hidden_size * 2),
+                     *y_gpu = malloc((size_t)T * c.hidden_size * 2);
             assert_int_equal(tu_forward(gc, lc, &in, y_cpu), MEGAMOE_OK);
             dev_inputs d;
             dev_upload(&d, &in);
@@ -439,7 +487,7 @@ static void test_other_stream_holds_sms(void **state) {
             if (q != cudaSuccess)
                 fail_msg("%s T=%d: the forward %s", f ? "bf16" : "nvfp4", T,
                          q != cudaErrorNotReady ? cudaGetErrorString(q)
-                         : ws ? "did not finish within 10 s of the occupier's release"
+                         : ws                   ? "did not finish within 10 s of the occupier's release"
                               : "did not finish within 10 s while another stream held part of every SM");
             assert_int_equal(released, 0);
             assert_int_equal(megamoe_layer_check(lg), MEGAMOE_OK);
@@ -465,13 +513,20 @@ int main(int argc, char **argv) {
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
     const char *gemm = getenv("MEGAMOE_GEMM");
-    g_gemm_kernel = !gemm ? 0 : strcmp(gemm, "mma") == 0 ? 1 : strcmp(gemm, "wgmma") == 0 ? 2 : strcmp(gemm, "stream") == 0 ? 3 : strcmp(gemm, "ws") == 0 ? 4 : strcmp(gemm, "ws64") == 0 ? 5 : 0;
-    printf("expert GEMM kernels: %s\n", g_gemm_kernel == 1 ? "mma.sync (forced)"
-                                       : g_gemm_kernel == 2 ? "wgmma (forced)"
-                                       : g_gemm_kernel == 3 ? "streaming for NVFP4, mma.sync for BF16 (forced)"
-                                       : g_gemm_kernel == 4 ? "warp-specialized (forced)"
-                                       : g_gemm_kernel == 5 ? "warp-specialized, 64-token blocks (forced)"
-                                                            : "chosen per forward");
+    g_gemm_kernel = !gemm                         ? 0
+                    : strcmp(gemm, "mma") == 0    ? 1
+                    : strcmp(gemm, "wgmma") == 0  ? 2
+                    : strcmp(gemm, "stream") == 0 ? 3
+                    : strcmp(gemm, "ws") == 0     ? 4
+                    : strcmp(gemm, "ws64") == 0   ? 5
+                                                  : 0;
+    printf("expert GEMM kernels: %s\n", g_gemm_kernel == 1   ? "mma.sync (forced)"
+                                        : g_gemm_kernel == 2 ? "wgmma (forced)"
+                                        : g_gemm_kernel == 3
+                                            ? "streaming for NVFP4, mma.sync for BF16 (forced)"
+                                        : g_gemm_kernel == 4 ? "warp-specialized (forced)"
+                                        : g_gemm_kernel == 5 ? "warp-specialized, 64-token blocks (forced)"
+                                                             : "chosen per forward");
 #ifdef MEGAMOE_HAVE_NCCL
     ncclUniqueId id;
     g_have_comm = ncclGetUniqueId(&id) == ncclSuccess && ncclCommInitRank(&g_comm, 1, id, 0) == ncclSuccess;
@@ -479,13 +534,12 @@ int main(int argc, char **argv) {
                                              : "no communicator could be made: its cases are SKIPPED");
 #endif
     const struct CMUnitTest all[] = {
-        cmocka_unit_test(test_activation_bytes),
-        cmocka_unit_test(test_graph_capture_and_errors),
-        cmocka_unit_test(test_grid_small),
-        cmocka_unit_test(test_grid_large),
-        cmocka_unit_test(test_other_stream_holds_sms),
+        cmocka_unit_test(test_activation_bytes), cmocka_unit_test(test_graph_capture_and_errors),
+        cmocka_unit_test(test_one_token),        cmocka_unit_test(test_grid_small),
+        cmocka_unit_test(test_grid_large),       cmocka_unit_test(test_other_stream_holds_sms),
     };
-    const int failed = _cmocka_run_group_tests("gpu", all, quick ? 2 : 5, NULL, NULL);
+    /* --quick (the sanitizers): the first three */
+    const int failed = _cmocka_run_group_tests("gpu", all, quick ? 3 : 6, NULL, NULL);
 #ifdef MEGAMOE_HAVE_NCCL
     if (g_have_comm) ncclCommDestroy(g_comm);
 #endif
