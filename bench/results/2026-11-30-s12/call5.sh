@@ -7,6 +7,8 @@
 #     "sp@wip/stream-params=" "guard@wip/residency-guard="
 #   bash bench/build_variants.sh "trace=-DMM_STREAM_TRACE=1" "wg4=-DWG_STAGES=4" "wg6=-DWG_STAGES=6"
 #   bash bench/pack_devbin.sh
+# (each branch with main merged after the one-token test landed, so every test_gpu_* runs it; main's
+# test_gpu rebuilt with it, its CLI SASS-identical)
 # wg4 / wg6: the NVFP4 wgmma kernel's ring at 4 / 6 stages (5 on main; never measured), at Qwen3
 #   T = 512 / 2048 / 8192 where it is chosen and Marlin still leads.
 # hplan = wip/host-plan: in one process the host passes the streaming kernel its slot count and split
