@@ -635,6 +635,15 @@ megamoe_status sm90_expert_stream_prepare() {
         for (st_kernel_fn k : v.kernel) {
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+            /* The split plan and the persistent grid count on blocks_per_sm resident blocks; the
+             * ring of 4 blocks fills the H200's 228 KB to the byte (dynamic + static + the 1 KB the
+             * system reserves per block), so a few bytes more of static shared memory would leave
+             * a quarter of the grid waiting for a second wave. Caught here, not in a benchmark. */
+            int resident = 0;
+            MM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, ST_THREADS, v.smem));
+            if (resident < v.blocks_per_sm)
+                return mm_cuda_error(cudaErrorLaunchOutOfResources, "streaming kernel residency (fewer blocks per SM than planned)",
+                                     __FILE__, __LINE__);
         }
     return MEGAMOE_OK;
 }
