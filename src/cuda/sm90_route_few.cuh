@@ -8,13 +8,14 @@
 #include "common.cuh"
 #include "trace.cuh"
 
-#define ROUTE_FEW_SLOTS 64      /* slots of a forward routed by the stage kernel's last block (256 was
-                                 * measured slower than the routing kernel: Qwen3 T=32 +3.5%) */
-#define ROUTE_FEW_EXPERTS 8192  /* experts per rank it counts in shared memory (32 KB) */
+#define ROUTE_FEW_SLOTS                                                                                      \
+    64                         /* slots of a forward routed by the stage kernel's last block (256 was        \
+                                * measured slower than the routing kernel: Qwen3 T=32 +3.5%) */
+#define ROUTE_FEW_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* hist: E_r ints of shared memory. Reads the staged ids through L2: other blocks wrote them. */
-__device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       int *hist) {
+__device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                       uint8_t *const *peers, int *hist) {
     __shared__ int code_of[ROUTE_FEW_SLOTS], expert_of[ROUTE_FEW_SLOTS];
     __shared__ float scale_of[ROUTE_FEW_SLOTS];
     /* Every staged slot in (home rank, token, slot) order: its code, its expert (-1: not routed) and
@@ -37,7 +38,8 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
     for (int r = 0; r < sh.local_ranks; r++) {
         uint8_t *b = peers[sh.first_rank + r];
         const int lo = (sh.first_rank + r) * sh.E_r;
-        for (int e = threadIdx.x; e < sh.E_r; e += blockDim.x) hist[e] = 0;
+        for (int e = threadIdx.x; e < sh.E_r; e += blockDim.x)
+            hist[e] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < n; j += blockDim.x) {
             const int local = expert_of[j] - lo;
@@ -47,10 +49,12 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
         if (r == 0) MM_KSTAMP(MM_K_STAGE, MM_KT_R_COUNTED);
         /* Counts, offsets and tiles in expert order; hist[e] becomes the expert's first slot. */
         int32_t *count = (int32_t *)(b + L.expert_count);
-        route_write_tiles(sh, L, b, [&](int e) { return hist[e]; }, [&](int e, int c, int off) {
-            count[e] = c;
-            hist[e] = off;
-        });
+        route_write_tiles(
+            sh, L, b, [&](int e) { return hist[e]; },
+            [&](int e, int c, int off) {
+                count[e] = c;
+                hist[e] = off;
+            });
         __syncthreads();
         if (r == 0) MM_KSTAMP(MM_K_STAGE, MM_KT_R_TILES);
         /* Each slot at its expert's first slot plus the earlier slots of that expert. */
@@ -60,10 +64,71 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
             const int x = expert_of[j], local = x - lo;
             if (x < 0 || local < 0 || local >= sh.E_r) continue;
             int before = 0;
-            for (int i = 0; i < j; i++) before += expert_of[i] == x;
+            for (int i = 0; i < j; i++)
+                before += expert_of[i] == x;
             slots[hist[local] + before] = code_of[j];
             slot_scale[hist[local] + before] = scale_of[j];
         }
         __syncthreads();
+    }
+}
+
+/* The routing tables of a one-token forward of one rank (R = 1), built by one warp from the token's
+ * ids while the rest of the stage block quantizes it (sm90_stage_kernel): the same tables and slot
+ * order as route_few_block. ids: lane k < K holds slot k's id, -1 where the token is not routed
+ * (padding, non-finite) or the id is out of range. With one token every expert has at most K <= 32
+ * slots, so one tile; an expert's values are counts over the K ids. ROUTE_WARP_EXPERTS bounds the
+ * experts it walks (32 per pass). */
+#define ROUTE_WARP_EXPERTS 1024
+__device__ inline void route_one_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b, int id,
+                                      float scale) {
+    __shared__ int s_id[32], s_first[32];
+    const int lane = threadIdx.x & 31, K = sh.K, E = sh.E_r;
+    const bool valid = lane < K && id >= 0 && id < E;
+    const int e_k = valid ? id : -1;
+    /* slot k is its expert's first (of the K): it opens a tile */
+    int before = 0, first = valid;
+    for (int j = 0; j < K; j++) {
+        const int e_j = __shfl_sync(0xFFFFFFFFu, e_k, j);
+        if (j < lane && e_j == e_k) before++, first = 0;
+    }
+    s_id[lane] = e_k;
+    s_first[lane] = first;
+    __syncwarp();
+    int32_t *count = (int32_t *)(b + L.expert_count), *offset = (int32_t *)(b + L.expert_offset);
+    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
+    int2 *tile_rows = (int2 *)(b + L.tile_rows);
+    for (int e = lane; e < E; e += 32) {
+        int c = 0, less = 0, tiles_less = 0;
+        for (int j = 0; j < K; j++) {
+            const int x = s_id[j];
+            c += x == e;
+            less += x >= 0 && x < e;
+            tiles_less += s_first[j] && x >= 0 && x < e;
+        }
+        count[e] = c;
+        offset[e] = less;
+        if (c > 0) {
+            tile_expert[tiles_less] = e;
+            tile_start[tiles_less] = 0;
+            tile_rows[tiles_less] = make_int2(less, c);
+        }
+    }
+    /* Slot k at its expert's first slot plus the earlier slots of that expert; its code is k (home
+     * rank 0, token 0). The totals by lane 0. */
+    int less_k = 0, n = 0, tiles = 0;
+    for (int j = 0; j < K; j++) {
+        const int x = s_id[j];
+        less_k += x >= 0 && x < e_k;
+        n += x >= 0;
+        tiles += s_first[j];
+    }
+    if (valid) {
+        ((int32_t *)(b + L.slots))[less_k + before] = lane;
+        ((float *)(b + L.slot_scale))[less_k + before] = scale;
+    }
+    if (lane == 0) {
+        offset[E] = n;
+        *(int32_t *)(b + L.num_tiles) = tiles;
     }
 }

@@ -7,12 +7,74 @@
 #include "sm90_route_few.cuh"
 #include "trace.cuh"
 
+#ifndef MM_STAGE_ROUTE_WARP
+#define MM_STAGE_ROUTE_WARP 1 /* a one-token forward of one rank routes in a warp of the stage block */
+#endif
+
+/* The staging threads: the whole block (RW false), or all but the last warp of a one-token forward
+ * whose last warp routes (RW true: sm90_stage_kernel); theirs is then named barrier 1 over nq
+ * threads. The RW-false instantiation is the plain block-barrier code. */
+template <bool RW> __device__ __forceinline__ void stage_sync(int nq) {
+    if (RW)
+        asm volatile("bar.sync 1, %0;\n" ::"r"(nq) : "memory");
+    else
+        __syncthreads();
+}
+template <bool RW> __device__ __forceinline__ int stage_sync_and(int nq, int pred) {
+    if (!RW) return __syncthreads_and(pred);
+    int r;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.s32 p, %1, 0;\nbar.red.and.pred q, 1, %2, p;\nselp.s32 %0, 1, "
+                 "0, q;\n}\n"
+                 : "=r"(r)
+                 : "r"(pred), "r"(nq)
+                 : "memory");
+    return r;
+}
+template <bool RW> __device__ __forceinline__ float stage_max(float v, float *scratch /* [32] */, int nq) {
+    if (!RW) return mm_block_max(v, scratch);
+    v = mm_warp_max(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    stage_sync<RW>(nq);
+    if (lane == 0) scratch[warp] = v;
+    stage_sync<RW>(nq);
+    float m = 0.0f;
+    for (int w = 0; w < nq / 32; w++)
+        m = fmaxf(m, scratch[w]);
+    return m;
+}
+
+/* A one-token forward's hand-off from the staging threads to the routing warp (named barrier 2 over
+ * the whole block): whether the token is routed (live) and its activation scale. Every staging
+ * thread passes it exactly once, on every path. bar.sync on both sides, not bar.arrive on the
+ * staging side: compute-sanitizer's racecheck reported the arrive-then-read as 28 hazards (session
+ * 13), and the routing warp reaches the barrier right after its ids load, long before the staging
+ * threads (an x load and an amax reduction later), so the staging threads do not wait on it. */
+struct stage_handoff {
+    int live;
+    float scale;
+};
+template <bool RW>
+__device__ __forceinline__ void stage_hand_over(stage_handoff *h, int nq, int live, float scale) {
+    if (!RW) return;
+    if (threadIdx.x == 0) {
+        h->live = live;
+        h->scale = scale;
+    }
+    asm volatile("bar.sync 2, %0;\n" ::"r"(nq + 32) : "memory");
+}
+
+/* h: the routing warp's hand-off (RW: a one-token forward with a routing warp), else unused. */
+template <bool RW>
 __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
-                                            uint8_t *err_base, int rank, const mm_dev_rank_args &a) {
+                                            uint8_t *err_base, int rank, const mm_dev_rank_args &a, int nq,
+                                            stage_handoff *h) {
     __shared__ float scratch[32];
     const int t = blockIdx.x, K = sh.K, H = sh.H;
     if (t == 0 && threadIdx.x == 0) *(int32_t *)(base + L.num_tokens) = a.T;
-    if (t >= a.T) return;
+    if (t >= a.T) {
+        stage_hand_over<RW>(h, nq, 0, 1.0f);
+        return;
+    }
     /* This thread's first 16-value block of the token, loaded before the ids and the padding flag:
      * its memory latency then overlaps theirs instead of following the padding branch (a padded
      * token's row is read and not used). */
@@ -24,31 +86,32 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
         first0 = src[0];
         first1 = src[1];
     }
-    int32_t *ids = (int32_t *)(base + L.topk_ids);       /* [T_max, K] */
-    float *weights = (float *)(base + L.topk_weights);   /* [T_max, K] */
-    uint8_t *state = base + L.token_state;               /* [T_max]    */
+    int32_t *ids = (int32_t *)(base + L.topk_ids);     /* [T_max, K] */
+    float *weights = (float *)(base + L.topk_weights); /* [T_max, K] */
+    uint8_t *state = base + L.token_state;             /* [T_max]    */
     const bool pad = a.padding && a.padding[t];
-    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    for (int k = threadIdx.x; k < K; k += nq) {
         const int id = a.ids[(size_t)t * K + k];
         const float w = a.weights[(size_t)t * K + k]; /* both loads before the stores, which may alias */
         ids[(size_t)t * K + k] = id;
         weights[(size_t)t * K + k] = w;
         if (!pad && (id < -1 || id >= sh.E)) {
-            const unsigned long long key = ((unsigned long long)(((uint32_t)rank * sh.T_max + t) * K + k) << 32) |
-                                           (uint32_t)id;
+            const unsigned long long key =
+                ((unsigned long long)(((uint32_t)rank * sh.T_max + t) * K + k) << 32) | (uint32_t)id;
             atomicMin((unsigned long long *)(err_base + L.error), key);
             atomicAdd((unsigned int *)(err_base + L.error + 8), 1u);
         }
     }
     if (pad) {
         if (threadIdx.x == 0) state[t] = MM_TOKEN_PADDING;
+        stage_hand_over<RW>(h, nq, 0, 1.0f);
         return;
     }
     /* Each thread owns whole 16-value blocks, read as two 16-byte loads: one pass issues every load
      * of the token at once (a strided scalar pass waited for memory ~28 times in a row). */
     int finite = 1;
     float amax = 0.0f;
-    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
+    for (int b = threadIdx.x; b < nblocks; b += nq) {
         uint4 v0 = first0, v1 = first1;
         if (b != (int)threadIdx.x) {
             const uint4 *src = (const uint4 *)(x + b * 16);
@@ -58,14 +121,16 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
         const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const float lo = mm_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)), hi = mm_bf16_to_f32((uint16_t)(w[i] >> 16));
+            const float lo = mm_bf16_to_f32((uint16_t)(w[i] & 0xFFFFu)),
+                        hi = mm_bf16_to_f32((uint16_t)(w[i] >> 16));
             finite &= mm_isfinite(lo) & mm_isfinite(hi);
             amax = fmaxf(amax, fmaxf(mm_fabs(lo), mm_fabs(hi))); /* exact; finite tokens only use it */
         }
     }
-    finite = __syncthreads_and(finite);
-    amax = mm_block_max(amax, scratch);
+    finite = stage_sync_and<RW>(nq, finite);
+    amax = stage_max<RW>(amax, scratch, nq);
     MM_KSTAMP(MM_K_STAGE, MM_KT_AMAX);
+    stage_hand_over<RW>(h, nq, finite, sh.nvfp4 ? mm_activation_scale(amax) : 1.0f);
     if (!finite) {
         if (threadIdx.x == 0) state[t] = MM_TOKEN_POISONED;
         return;
@@ -73,15 +138,16 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     if (threadIdx.x == 0) state[t] = MM_TOKEN_LIVE;
     if (!sh.nvfp4) {
         uint4 *dst = (uint4 *)((uint16_t *)(base + L.x) + (size_t)t * H);
-        for (int i = threadIdx.x; i < H / 8; i += blockDim.x) dst[i] = ((const uint4 *)x)[i];
+        for (int i = threadIdx.x; i < H / 8; i += nq)
+            dst[i] = ((const uint4 *)x)[i];
         return;
     }
     const float s = mm_activation_scale(amax);
     if (threadIdx.x == 0) ((float *)(base + L.x_scale))[t] = s;
-    uint8_t *codes = base + L.x + (size_t)t * H / 2;  /* [H/2]  */
-    uint8_t *sf = base + L.x_sf + (size_t)t * H / 16; /* [H/16] */
+    uint8_t *codes = base + L.x + (size_t)t * H / 2;                      /* [H/2]  */
+    uint8_t *sf = base + L.x_sf + (size_t)t * H / 16;                     /* [H/16] */
     uint4 *x16 = (uint4 *)((uint16_t *)(base + L.x_f16) + (size_t)t * H); /* [H] biased f16 */
-    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) {
+    for (int b = threadIdx.x; b < nblocks; b += nq) {
         const uint4 *src = (const uint4 *)(x + b * 16); /* in L1 from the first pass */
         const uint4 v0 = src[0], v1 = src[1];
         const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -103,19 +169,40 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
 
 /* One block per token. route_blocks > 0 (one process, few slots): the blocks of every local rank's
  * stage launch count themselves done, and the last of all (route_blocks in total) builds the
- * routing tables (route_few_block), so no routing kernel runs. */
-__global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base, int rank,
-                                  mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
+ * routing tables (route_few_block), so no routing kernel runs. route_warp (a one-token forward of
+ * one rank: route_blocks 1): the block's last warp builds them from the token's ids while the other
+ * threads stage it (route_one_warp), instead of after them -- the routing block's ~2.8 us at
+ * Qwen3-like T = 1 (session 12's trace) then overlaps the quantization's. */
+template <bool RW>
+__global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base,
+                                  int rank, mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
     MM_KSTAMP(MM_K_STAGE, MM_KT_ENTRY);
     mm_wait_previous();
     MM_KSTAMP(MM_K_STAGE, MM_KT_WAITED);
+    if (RW) {
+        __shared__ stage_handoff handoff;
+        const int nq = blockDim.x - 32;
+        if ((int)threadIdx.x < nq) {
+            stage_token<true>(sh, L, base, err_base, rank, a, nq, &handoff);
+            MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
+            return;
+        }
+        /* The routing warp: the token's ids now (their latency beside the x loads), its liveness
+         * and scale once the staging threads hand them over. */
+        const int lane = threadIdx.x & 31;
+        int id = -1;
+        if (a.T > 0 && lane < sh.K) id = a.ids[lane];
+        asm volatile("bar.sync 2, %0;\n" ::"r"(nq + 32) : "memory");
+        route_one_warp(sh, L, base, handoff.live ? id : -1, handoff.scale);
+        return;
+    }
     /* Few slots, more than one token (decode): this launch is a handful of blocks, all resident at
      * once, so the next kernel's blocks may be scheduled now -- they enter and wait (mm_wait_previous)
      * for this one's end while it quantizes and routes. Not for one token: measured 16% slower at
      * Qwen3-like T = 1; 1.6-3.2% faster at Mixtral- and DSv3-like T = 8 (H200, session 12;
      * DECISIONS 70). */
     if (route_blocks > 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    stage_token(sh, L, base, err_base, rank, a);
+    stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
     MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
     if (route_blocks == 0) return;
     if (route_blocks == 1) {
@@ -146,14 +233,22 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
 cudaError_t sm90_stage_trace_bind(unsigned long long *table) { return mm_ktrace_bind_here(table); }
 #endif
 
-megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base, uint8_t *err_base,
-                                 int rank, const mm_dev_rank_args &a, uint8_t *const *peers, int route_blocks,
-                                 cudaStream_t s) {
+megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
+                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a,
+                                 uint8_t *const *peers, int route_blocks, cudaStream_t s) {
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
     /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
     const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
-    const size_t smem = route_blocks > 0 ? (size_t)sh.E_r * sizeof(int) : 0;
-    MM_CUDA_TRY(mm_launch(sm90_stage_kernel, blocks, threads, smem, s, sh, L, base, err_base, rank, a, peers, route_blocks));
+    /* One token of one rank: a routing warp beside the staging threads (route_one_warp's bounds). */
+    const bool route_warp = MM_STAGE_ROUTE_WARP && route_blocks == 1 && sh.R == 1 && sh.K <= 32 &&
+                            sh.E_r <= ROUTE_WARP_EXPERTS && threads + 32 <= 1024;
+    const size_t smem = route_blocks > 0 && !route_warp ? (size_t)sh.E_r * sizeof(int) : 0;
+    if (route_warp)
+        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, smem, s, sh, L, base, err_base,
+                              rank, a, peers, route_blocks));
+    else
+        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, smem, s, sh, L, base, err_base, rank,
+                              a, peers, route_blocks));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
