@@ -237,6 +237,11 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
             l->xg = off;
             off = align_up(off + rows * H * 2, A);
         }
+        if (Er <= MM_ROUTE_CHUNK_EXPERTS) {
+            l->route_chunks_per_src = (int)((T * K + MM_ROUTE_CHUNK - 1) / MM_ROUTE_CHUNK);
+            l->route_chunks = off;
+            off = align_up(off + R * (uint64_t)l->route_chunks_per_src * Er * 4, A);
+        }
         l->error = off;
         off = align_up(off + 16, A);
         l->stage_arrivals = off;

@@ -47,6 +47,9 @@ typedef struct mm_buffer_layout {
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
+    uint64_t route_chunks;    /* E_r <= MM_ROUTE_CHUNK_EXPERTS, else 0: [R * route_chunks_per_src,   */
+                              /* E_r] i32 per (home rank's chunk of MM_ROUTE_CHUNK slots, local      */
+                              /* expert): the chunk's slots routed there, then its first slot row    */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
@@ -54,10 +57,16 @@ typedef struct mm_buffer_layout {
     uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */
     int max_tiles;            /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
     int xg_rows;              /* slot rows xg holds: min(R, MM_GATHER_CAP) * T_max * K (0: none)      */
+    int route_chunks_per_src; /* ceil(T_max * K / MM_ROUTE_CHUNK) where route_chunks is held, else 0 */
     uint64_t total;           /* bytes per rank                                                     */
 } mm_buffer_layout;
 
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
+/* The routing of many slots (sm90_route.cu) counts and places them by chunks of MM_ROUTE_CHUNK slots
+ * of one home rank (a block each), for ranks of at most MM_ROUTE_CHUNK_EXPERTS experts (a block holds
+ * a count per expert and warp in shared memory: 8 x 4 KB). */
+#define MM_ROUTE_CHUNK 2048
+#define MM_ROUTE_CHUNK_EXPERTS 1024
 #define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
 #ifndef MM_SPLITK_COUNTER_STRIDE
 #define MM_SPLITK_COUNTER_STRIDE 1 /* ints from one split-K counter to the next (experiment: 32 puts

@@ -168,6 +168,14 @@ static void test_layout_reserves_the_workspace(void **state) {
     mm_buffer_layout one;
     mm_buffer_layout_compute(64, 8, 7168, 1, 0, 2, 128, 2048, &one); /* one process: no gathered copy */
     assert_true(one.xg == 0 && one.xg_rows == 0 && one.total < l.total);
+    /* The chunked routing's counts: a row of E_r per (home rank, chunk of MM_ROUTE_CHUNK slots). */
+    mm_buffer_layout big;
+    mm_buffer_layout_compute(8192, 8, 2048, 1, 0, 2, 128, 768, &big);
+    assert_int_equal(big.route_chunks_per_src, (8192 * 8 + MM_ROUTE_CHUNK - 1) / MM_ROUTE_CHUNK);
+    assert_true(big.route_chunks > 0 && big.error - big.route_chunks >= (uint64_t)2 * big.route_chunks_per_src * 128 * 4);
+    mm_buffer_layout many;
+    mm_buffer_layout_compute(64, 8, 256, 1, 0, 1, MM_ROUTE_CHUNK_EXPERTS + 1, 256, &many); /* routed per expert */
+    assert_true(many.route_chunks == 0 && many.route_chunks_per_src == 0);
 }
 
 /* The warp-specialized kernel's items 0 .. nrb * tiles - 1 place every (tile, row block) exactly once,

@@ -87,6 +87,168 @@ __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint
                 (float *)(peers[r] + L.slot_scale) + off);
 }
 
+/* Many slots (E_r <= MM_ROUTE_CHUNK_EXPERTS): three kernels over chunks of MM_ROUTE_CHUNK slots of
+ * one home rank, a block per (chunk, local rank), ROUTE_CHUNK_WARPS warps of 256 slots each. count:
+ * each chunk's slots per local expert, into route_chunks; scan: per expert the counts over the
+ * chunks, the expert offsets and tiles, and each chunk's first row per expert in place of its
+ * count; fill: each warp places its slots from its chunk's first rows plus the slots of the warps
+ * before it, in slot order. Same tables, same slot order as count / tiles / fill, with each slot
+ * read twice instead of once per expert (those scans cost ~0.33 ms at Qwen3-like T = 8192: 128
+ * blocks reading all 65536 slots, a block barrier every 256). */
+#define ROUTE_CHUNK_WARPS 8
+#define ROUTE_WARP_SLOTS (MM_ROUTE_CHUNK / ROUTE_CHUNK_WARPS) /* 256: 8 per lane */
+static_assert(ROUTE_WARP_SLOTS % 32 == 0, "a warp's slots are whole rounds of 32");
+
+/* Chunk blockIdx.x of every home rank's slots: its home rank, first slot and slot count (0: past
+ * the rank's slots). */
+struct route_chunk {
+    int src, j0, n;
+};
+__device__ __forceinline__ route_chunk route_chunk_of(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                                      uint8_t *const *peers) {
+    route_chunk c;
+    c.src = blockIdx.x / L.route_chunks_per_src;
+    c.j0 = (blockIdx.x % L.route_chunks_per_src) * MM_ROUTE_CHUNK;
+    const int n = *(const int32_t *)(peers[c.src] + L.num_tokens) * sh.K;
+    c.n = n - c.j0 < 0 ? 0 : n - c.j0 < MM_ROUTE_CHUNK ? n - c.j0 : MM_ROUTE_CHUNK;
+    return c;
+}
+
+/* The local expert (of rank r) of each of this warp's slots in chunk c, -1 where the slot is not
+ * routed there (a -1 id, another rank's expert, a token not live, past the chunk); round u holds slot
+ * c.j0 + warp * ROUTE_WARP_SLOTS + 32 * u + lane. Every load is issued before any is used. */
+__device__ __forceinline__ void route_warp_experts(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                                   uint8_t *const *peers, const route_chunk &c, int r,
+                                                   int (&e)[ROUTE_WARP_SLOTS / 32]) {
+    const uint8_t *b = peers[c.src];
+    const int32_t *ids = (const int32_t *)(b + L.topk_ids) + c.j0;
+    const uint8_t *state = b + L.token_state;
+    const int lane = threadIdx.x & 31, w0 = (threadIdx.x >> 5) * ROUTE_WARP_SLOTS;
+    uint8_t st[ROUTE_WARP_SLOTS / 32];
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++) {
+        const int i = w0 + 32 * u + lane;
+        e[u] = i < c.n ? ids[i] : -1;
+        st[u] = i < c.n ? state[(c.j0 + i) / sh.K] : MM_TOKEN_PADDING;
+    }
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++) {
+        const int local = e[u] - r * sh.E_r;
+        e[u] = st[u] == MM_TOKEN_LIVE && e[u] >= 0 && local >= 0 && local < sh.E_r ? local : -1;
+    }
+}
+
+__global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
+    sm90_route_chunk_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
+    extern __shared__ int hist[]; /* [E_r] */
+    const route_chunk c = route_chunk_of(sh, L, peers);
+    if (c.n == 0) return; /* the scan reads only the chunks that hold slots */
+    const int r = sh.first_rank + blockIdx.y;
+    int e[ROUTE_WARP_SLOTS / 32];
+    route_warp_experts(sh, L, peers, c, r, e);
+    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x)
+        hist[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++)
+        if (e[u] >= 0) atomicAdd(&hist[e[u]], 1);
+    __syncthreads();
+    int32_t *out = (int32_t *)(peers[r] + L.route_chunks) + (size_t)blockIdx.x * sh.E_r;
+    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x)
+        out[i] = hist[i];
+}
+
+/* One block per local rank: expert e's count is the sum over the chunks that hold slots (chunk
+ * order: home rank, then slot), its offset and tiles as route_write_tiles writes them; then each
+ * chunk's count is replaced by the chunk's first slot row for e. */
+__global__ void sm90_route_chunk_scan_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
+    const int r = sh.first_rank + blockIdx.x;
+    uint8_t *b = peers[r];
+    int32_t *chunks = (int32_t *)(b + L.route_chunks), *count = (int32_t *)(b + L.expert_count);
+    const int cps = L.route_chunks_per_src;
+    /* the chunks of home rank src that hold slots */
+    auto used = [&](int src) {
+        return (*(const int32_t *)(peers[src] + L.num_tokens) * sh.K + MM_ROUTE_CHUNK - 1) / MM_ROUTE_CHUNK;
+    };
+    route_write_tiles(
+        sh, L, b,
+        [&](int e) {
+            int n = 0;
+            for (int src = 0; src < sh.R; src++) {
+                const int32_t *ch = chunks + (size_t)src * cps * sh.E_r + e;
+#pragma unroll 8
+                for (int q = 0, nq = used(src); q < nq; q++)
+                    n += ch[(size_t)q * sh.E_r];
+            }
+            return n;
+        },
+        [&](int e, int n, int offset) {
+            count[e] = n;
+            int row = offset;
+            for (int src = 0; src < sh.R; src++) {
+                int32_t *ch = chunks + (size_t)src * cps * sh.E_r + e;
+                for (int q = 0, nq = used(src); q < nq; q++) {
+                    const int v = ch[(size_t)q * sh.E_r];
+                    ch[(size_t)q * sh.E_r] = row;
+                    row += v;
+                }
+            }
+        });
+}
+
+__global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
+    sm90_route_chunk_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+    mm_wait_previous();
+    extern __shared__ int next_row[]; /* [ROUTE_CHUNK_WARPS][E_r]: counts, then each warp's next row */
+    const route_chunk c = route_chunk_of(sh, L, peers);
+    if (c.n == 0) return;
+    const int r = sh.first_rank + blockIdx.y, E = sh.E_r;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int e[ROUTE_WARP_SLOTS / 32];
+    route_warp_experts(sh, L, peers, c, r, e);
+    int *mine = next_row + warp * E;
+    for (int i = threadIdx.x; i < ROUTE_CHUNK_WARPS * E; i += blockDim.x)
+        next_row[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++)
+        if (e[u] >= 0) atomicAdd(&mine[e[u]], 1);
+    __syncthreads();
+    /* Each warp's first row per expert: the chunk's, plus the slots of the warps before it. */
+    uint8_t *b = peers[r];
+    const int32_t *first = (const int32_t *)(b + L.route_chunks) + (size_t)blockIdx.x * E;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        int row = first[i];
+        for (int w = 0; w < ROUTE_CHUNK_WARPS; w++) {
+            const int v = next_row[w * E + i];
+            next_row[w * E + i] = row;
+            row += v;
+        }
+    }
+    __syncthreads();
+    int32_t *slots = (int32_t *)(b + L.slots);
+    float *slot_scale = (float *)(b + L.slot_scale);
+    const float *x_scale = (const float *)(peers[c.src] + L.x_scale);
+    const int w0 = warp * ROUTE_WARP_SLOTS;
+    const unsigned lower = (1u << lane) - 1u;
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++) {
+        /* The lanes of this round on the same expert, in lane (= slot) order. */
+        const unsigned same = __match_any_sync(0xFFFFFFFFu, e[u]);
+        if (e[u] >= 0) {
+            const int j = c.j0 + w0 + 32 * u + lane;
+            const int at = mine[e[u]] + __popc(same & lower);
+            slots[at] = (c.src * sh.T_max) * sh.K + j;
+            slot_scale[at] = sh.nvfp4 ? x_scale[j / sh.K] : 1.0f;
+        }
+        __syncwarp();
+        if (e[u] >= 0 && (same & lower) == 0) mine[e[u]] += __popc(same);
+        __syncwarp();
+    }
+}
+
 /* A forward with few slots (one process; the host checks ROUTE_SMALL_SLOTS): count, offsets, tiles
  * and fill in one kernel, one block per (local expert, rank). Every block counts all of its rank's
  * experts itself in a shared-memory histogram (E_r ints of dynamic shared memory), so no block waits
@@ -153,6 +315,19 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
      * counts are unknown here, so the three kernels.) */
     if (sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS) {
         MM_CUDA_TRY(mm_launch(sm90_route_small_kernel, grid, 256, (size_t)sh.E_r * 4, s, sh, L, peers));
+        return MEGAMOE_OK;
+    }
+    if (L.route_chunks_per_src > 0) {
+        const dim3 chunks((unsigned)(sh.R * L.route_chunks_per_src), local_ranks);
+        const size_t smem = (size_t)ROUTE_CHUNK_WARPS * sh.E_r * sizeof(int);
+        MM_CUDA_TRY(mm_launch(sm90_route_chunk_count_kernel, chunks, ROUTE_CHUNK_WARPS * 32,
+                              smem / ROUTE_CHUNK_WARPS, s, sh, L, peers));
+        MM_CUDA_TRY(cudaGetLastError());
+        MM_CUDA_TRY(mm_launch(sm90_route_chunk_scan_kernel, local_ranks, 1024, 0, s, sh, L, peers));
+        MM_CUDA_TRY(cudaGetLastError());
+        MM_CUDA_TRY(
+            mm_launch(sm90_route_chunk_fill_kernel, chunks, ROUTE_CHUNK_WARPS * 32, smem, s, sh, L, peers));
+        MM_CUDA_TRY(cudaGetLastError());
         return MEGAMOE_OK;
     }
     MM_CUDA_TRY(mm_launch(sm90_route_count_kernel, grid, 256, 0, s, sh, L, peers));
