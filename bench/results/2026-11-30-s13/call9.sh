@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 13, call 9 (nvidia-h200-x2, carry .devpack, timeout_s 240; the session's last ~5 min of
+# Session 13, call 9 (nvidia-h200-x2, carry .devpack, timeout_s 230; the session's last ~5 min of
 # device time): the chunked routing (sm90_route.cu: count / scan / fill over chunks of 2048 slots,
 # replacing the per-expert scans that cost ~0.33 ms at Qwen3-like T = 8192, call 6's profile).
 # Builds: bash bench/stage_device.sh && bash bench/pack_devbin.sh (main's working tree).
@@ -22,7 +22,7 @@
     timeout 40 .devbin/megamoe bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
       --tokens 512,2048,8192 --iters 10 >> "$L/bench_prefill.log" 2>&1
   done
-  OUT=$L/prof timeout 60 bash bench/profile.sh nvfp4 "128 8 2048 768" 8192 > "$L/profile.txt" 2>&1
+  OUT=$L/prof timeout 50 bash bench/profile.sh nvfp4 "128 8 2048 768" 8192 > "$L/profile.txt" 2>&1
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
