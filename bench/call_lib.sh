@@ -34,17 +34,17 @@ san() {
 bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 # The three shapes of issue 3 (E K H I): Qwen3-30B-like, Mixtral-like, DeepSeek-V3-like.
 SHAPES3=("128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048")
-# cmp_bench LOG TOKENS NAME...: the NVFP4 `bench` of each build NAME in the order given (repeat a
-# name to alternate), on the three shapes at TOKENS (a comma list), appended to $L/LOG as
-# "bench[NAME]:" lines.
+# cmp_bench LOG TOKENS NAME...: the `bench` of each build NAME in the order given (repeat a name to
+# alternate), on the three shapes at TOKENS (a comma list), appended to $L/LOG as "bench[NAME]:"
+# lines; NVFP4, or the format FMT names (FMT=bf16 cmp_bench ...).
 cmp_bench() {
   local log=$1 tokens=$2 n s; shift 2
   local names=("$@")
   for n in "${names[@]}"; do
     for s in "${SHAPES3[@]}"; do
       set -- $s
-      timeout 40 "$(bin "$n")" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
-        --tokens "$tokens" --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/$log"
+      timeout 40 "$(bin "$n")" bench --backend cuda --format "${FMT:-nvfp4}" --experts $1 --top-k $2 --hidden $3 \
+        --inter $4 --tokens "$tokens" --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/$log"
     done
   done
 }
