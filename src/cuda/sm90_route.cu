@@ -13,7 +13,9 @@
  */
 #include "common.cuh"
 
-#define ROUTE_SMALL_SLOTS 4096   /* slots of a forward routed by the one-kernel path */
+#ifndef ROUTE_SMALL_SLOTS
+#define ROUTE_SMALL_SLOTS 4096 /* slots of a forward routed by the one-kernel path */
+#endif
 #define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
@@ -98,6 +100,7 @@ __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint
 #define ROUTE_CHUNK_WARPS 8
 #define ROUTE_WARP_SLOTS (MM_ROUTE_CHUNK / ROUTE_CHUNK_WARPS) /* 256: 8 per lane */
 static_assert(ROUTE_WARP_SLOTS % 32 == 0, "a warp's slots are whole rounds of 32");
+static_assert(MM_ROUTE_CHUNK_EXPERTS % (ROUTE_CHUNK_WARPS * 32) == 0, "whole experts per thread");
 
 /* Chunk blockIdx.x of every home rank's slots: its home rank, first slot and slot count (0: past
  * the rank's slots). */
@@ -189,10 +192,19 @@ __global__ void sm90_route_chunk_scan_kernel(mm_dev_shape sh, mm_buffer_layout L
             int row = offset;
             for (int src = 0; src < sh.R; src++) {
                 int32_t *ch = chunks + (size_t)src * cps * sh.E_r + e;
-                for (int q = 0, nq = used(src); q < nq; q++) {
-                    const int v = ch[(size_t)q * sh.E_r];
-                    ch[(size_t)q * sh.E_r] = row;
-                    row += v;
+                /* Eight counts loaded before any store: a store between two loads of the same
+                 * array keeps the next load from issuing early (one L2 latency per chunk). */
+                for (int q0 = 0, nq = used(src); q0 < nq; q0 += 8) {
+                    int v[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        v[u] = q0 + u < nq ? ch[(size_t)(q0 + u) * sh.E_r] : 0;
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        if (q0 + u < nq) {
+                            ch[(size_t)(q0 + u) * sh.E_r] = row;
+                            row += v[u];
+                        }
                 }
             }
         });
@@ -208,6 +220,23 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int e[ROUTE_WARP_SLOTS / 32];
     route_warp_experts(sh, L, peers, c, r, e);
+    /* The slots' activation scales, loaded with the ids (not one latency per round below). */
+    const float *x_scale = (const float *)(peers[c.src] + L.x_scale);
+    const int w0 = warp * ROUTE_WARP_SLOTS;
+    float scale[ROUTE_WARP_SLOTS / 32];
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++)
+        scale[u] = sh.nvfp4 && e[u] >= 0 ? x_scale[(c.j0 + w0 + 32 * u + lane) / sh.K] : 1.0f;
+    /* The chunk's first row of each expert this thread prefixes below (E <= 4 x the block). */
+    uint8_t *b = peers[r];
+    const int32_t *first = (const int32_t *)(b + L.route_chunks) + (size_t)blockIdx.x * E;
+    constexpr int per_thread = MM_ROUTE_CHUNK_EXPERTS / (ROUTE_CHUNK_WARPS * 32);
+    int first_row[per_thread];
+#pragma unroll
+    for (int q = 0; q < per_thread; q++) {
+        const int i = threadIdx.x + q * ROUTE_CHUNK_WARPS * 32;
+        first_row[q] = i < E ? first[i] : 0;
+    }
     int *mine = next_row + warp * E;
     for (int i = threadIdx.x; i < ROUTE_CHUNK_WARPS * E; i += blockDim.x)
         next_row[i] = 0;
@@ -217,10 +246,11 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
         if (e[u] >= 0) atomicAdd(&mine[e[u]], 1);
     __syncthreads();
     /* Each warp's first row per expert: the chunk's, plus the slots of the warps before it. */
-    uint8_t *b = peers[r];
-    const int32_t *first = (const int32_t *)(b + L.route_chunks) + (size_t)blockIdx.x * E;
-    for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        int row = first[i];
+#pragma unroll
+    for (int q = 0; q < per_thread; q++) {
+        const int i = threadIdx.x + q * ROUTE_CHUNK_WARPS * 32;
+        if (i >= E) break;
+        int row = first_row[q];
         for (int w = 0; w < ROUTE_CHUNK_WARPS; w++) {
             const int v = next_row[w * E + i];
             next_row[w * E + i] = row;
@@ -230,8 +260,6 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
     __syncthreads();
     int32_t *slots = (int32_t *)(b + L.slots);
     float *slot_scale = (float *)(b + L.slot_scale);
-    const float *x_scale = (const float *)(peers[c.src] + L.x_scale);
-    const int w0 = warp * ROUTE_WARP_SLOTS;
     const unsigned lower = (1u << lane) - 1u;
 #pragma unroll
     for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++) {
@@ -241,7 +269,7 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
             const int j = c.j0 + w0 + 32 * u + lane;
             const int at = mine[e[u]] + __popc(same & lower);
             slots[at] = (c.src * sh.T_max) * sh.K + j;
-            slot_scale[at] = sh.nvfp4 ? x_scale[j / sh.K] : 1.0f;
+            slot_scale[at] = scale[u];
         }
         __syncwarp();
         if (e[u] >= 0 && (same & lower) == 0) mine[e[u]] += __popc(same);
