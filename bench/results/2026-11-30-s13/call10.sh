@@ -6,6 +6,7 @@
 #   bash bench/build_variants.sh "rc2@wip/route-chunks2=" "rc2s1k@wip/route-chunks2=-DROUTE_SMALL_SLOTS=1024" "s12@d2ae08f="
 #   TESTS=1 bash bench/build_variants.sh "tord@wip/tile-order="
 #   TESTS=1 bash bench/build_variants.sh "gp@wip/guess-prefetch="
+#   bash bench/build_variants.sh "gprt@wip/route-trigger="
 #   bash bench/pack_devbin.sh
 # rc2 = wip/route-chunks2: the chunked routing (DECISIONS 75) with the scan's eight loads ahead of
 #   its stores (its rewrite pass waited an L2 latency per chunk: 11.6 us at Qwen3 T = 8192) and the
@@ -21,6 +22,9 @@
 # gp = wip/guess-prefetch: with 8-16 slots per expert on one local rank, gate/up's producer prefetches
 #   its first item's first 8 weight steps into L2 before its wait, guessing tile t = expert t
 #   (Mixtral T = 32: no weight moves for ~13 us after the stage kernel's entry; 1.3% behind Marlin).
+# gprt = wip/route-trigger (on gp): the one-kernel routing lets gate/up in at its start, so the
+#   guessed prefetch also runs where a routing kernel follows the stage kernel (Qwen3 T = 128: ~12 us
+#   of stage and routing before gate/up enters). Untested here: the landing's full suite tests it.
 # s12 = d2ae08f (session 12's main): BF16 DSv3 T = 2048 / 8192 and Mixtral T = 8192 measured 2.5-8%
 #   slower in session 13's call 7 with no BF16 kernel change -- machine or regression?
 # GPU 0: rc2s128 test_gpu auto, memcheck and racecheck auto; tord test_gpu stream (the ordered
@@ -28,7 +32,7 @@
 #   then BF16 main / s12 twice at T = 2048, 8192 (FMT=bf16 cmp_bench).
 # GPU 1: NVFP4 main / rc2 / rc2s1k / rc2s128 twice at T = 32, 128, 512, 2048, 8192; the per-kernel
 #   profile of main and rc2s128 at Qwen3 T = 128, 512 (is the routing the gap there?); main / tord
-#   twice at T = 32, 128; main / gp twice at T = 8, 32, 128.
+#   twice at T = 32, 128; main / gp / gprt twice at T = 8, 32, 128.
 # Then (next call) land what holds and run bench/full_suite.sh on the merged main.
 . bench/call_lib.sh
 (
@@ -50,7 +54,7 @@
       > "$L/profile_$n.txt" 2>&1
   done
   cmp_bench bench_tord.log 32,128 main tord main tord
-  cmp_bench bench_gp.log 8,32,128 main gp main gp
+  cmp_bench bench_gp.log 8,32,128 main gp gprt main gp gprt
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
