@@ -36,14 +36,15 @@ bin() { [ "$1" = main ] && echo .devbin/megamoe || echo ".devbin/megamoe_$1"; }
 SHAPES3=("128 8 2048 768" "8 2 4096 14336" "256 8 7168 2048")
 # cmp_bench LOG TOKENS NAME...: the `bench` of each build NAME in the order given (repeat a name to
 # alternate), on the three shapes at TOKENS (a comma list), appended to $L/LOG as "bench[NAME]:"
-# lines; NVFP4, or the format FMT names (FMT=bf16 cmp_bench ...).
+# lines; NVFP4, or the format FMT names (FMT=bf16 cmp_bench ...); each run limited to CMP_TIMEOUT s
+# (40; BF16 DSv3 builds 22 GB of weights: give it 90).
 cmp_bench() {
   local log=$1 tokens=$2 n s; shift 2
   local names=("$@")
   for n in "${names[@]}"; do
     for s in "${SHAPES3[@]}"; do
       set -- $s
-      timeout 40 "$(bin "$n")" bench --backend cuda --format "${FMT:-nvfp4}" --experts $1 --top-k $2 --hidden $3 \
+      timeout "${CMP_TIMEOUT:-40}" "$(bin "$n")" bench --backend cuda --format "${FMT:-nvfp4}" --experts $1 --top-k $2 --hidden $3 \
         --inter $4 --tokens "$tokens" --iters 10 2>&1 | sed "s/^bench:/bench[$n]:/" >> "$L/$log"
     done
   done

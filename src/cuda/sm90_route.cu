@@ -139,6 +139,20 @@ __device__ __forceinline__ void route_warp_experts(const mm_dev_shape &sh, const
     }
 }
 
+/* Zeroes counts[0, n) and adds this thread's slots e[] to into[] (a count per local expert), with
+ * the block barriers around: the chunk's histogram (into = counts) or its warp's (into = the warp's
+ * row of counts). */
+__device__ __forceinline__ void route_chunk_histogram(int *counts, int n, int *into,
+                                                      const int (&e)[ROUTE_WARP_SLOTS / 32]) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        counts[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++)
+        if (e[u] >= 0) atomicAdd(&into[e[u]], 1);
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
     sm90_route_chunk_count_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
     mm_wait_previous();
@@ -148,13 +162,7 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
     const int r = sh.first_rank + blockIdx.y;
     int e[ROUTE_WARP_SLOTS / 32];
     route_warp_experts(sh, L, peers, c, r, e);
-    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x)
-        hist[i] = 0;
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++)
-        if (e[u] >= 0) atomicAdd(&hist[e[u]], 1);
-    __syncthreads();
+    route_chunk_histogram(hist, sh.E_r, hist, e);
     int32_t *out = (int32_t *)(peers[r] + L.route_chunks) + (size_t)blockIdx.x * sh.E_r;
     for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x)
         out[i] = hist[i];
@@ -210,13 +218,7 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
     int e[ROUTE_WARP_SLOTS / 32];
     route_warp_experts(sh, L, peers, c, r, e);
     int *mine = next_row + warp * E;
-    for (int i = threadIdx.x; i < ROUTE_CHUNK_WARPS * E; i += blockDim.x)
-        next_row[i] = 0;
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < ROUTE_WARP_SLOTS / 32; u++)
-        if (e[u] >= 0) atomicAdd(&mine[e[u]], 1);
-    __syncthreads();
+    route_chunk_histogram(next_row, ROUTE_CHUNK_WARPS * E, mine, e);
     /* Each warp's first row per expert: the chunk's, plus the slots of the warps before it. */
     uint8_t *b = peers[r];
     const int32_t *first = (const int32_t *)(b + L.route_chunks) + (size_t)blockIdx.x * E;
@@ -345,14 +347,15 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     }
     if (L.route_chunks_per_src > 0) {
         const dim3 chunks((unsigned)(sh.R * L.route_chunks_per_src), local_ranks);
-        const size_t smem = (size_t)ROUTE_CHUNK_WARPS * sh.E_r * sizeof(int);
-        MM_CUDA_TRY(mm_launch(sm90_route_chunk_count_kernel, chunks, ROUTE_CHUNK_WARPS * 32,
-                              smem / ROUTE_CHUNK_WARPS, s, sh, L, peers));
+        /* a count per local expert: the chunk's (count), each warp's (fill) */
+        const size_t hist = (size_t)sh.E_r * sizeof(int);
+        MM_CUDA_TRY(
+            mm_launch(sm90_route_chunk_count_kernel, chunks, ROUTE_CHUNK_WARPS * 32, hist, s, sh, L, peers));
         MM_CUDA_TRY(cudaGetLastError());
         MM_CUDA_TRY(mm_launch(sm90_route_chunk_scan_kernel, local_ranks, 1024, 0, s, sh, L, peers));
         MM_CUDA_TRY(cudaGetLastError());
-        MM_CUDA_TRY(
-            mm_launch(sm90_route_chunk_fill_kernel, chunks, ROUTE_CHUNK_WARPS * 32, smem, s, sh, L, peers));
+        MM_CUDA_TRY(mm_launch(sm90_route_chunk_fill_kernel, chunks, ROUTE_CHUNK_WARPS * 32,
+                              ROUTE_CHUNK_WARPS * hist, s, sh, L, peers));
         MM_CUDA_TRY(cudaGetLastError());
         return MEGAMOE_OK;
     }

@@ -8,9 +8,9 @@
 #include "common.cuh"
 #include "trace.cuh"
 
-#define ROUTE_FEW_SLOTS                                                                                      \
-    64                         /* slots of a forward routed by the stage kernel's last block (256 was        \
-                                * measured slower than the routing kernel: Qwen3 T=32 +3.5%) */
+/* Slots of a forward routed by the stage kernel's last block (256 was measured slower than the
+ * routing kernel: Qwen3 T=32 +3.5%). */
+#define ROUTE_FEW_SLOTS 64
 #define ROUTE_FEW_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* hist: E_r ints of shared memory. Reads the staged ids through L2: other blocks wrote them. */
