@@ -227,6 +227,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         off = align_up(off + (uint64_t)l->max_tiles * 4, A);
         l->tile_rows = off;
         off = align_up(off + (uint64_t)l->max_tiles * 8, A);
+        l->tile_order = off;
+        off = align_up(off + (uint64_t)l->max_tiles * 4, A);
         l->x_f16 = off;
         off = align_up(off + T * H * 2, A);
         l->act = off;

@@ -43,6 +43,8 @@ typedef struct mm_buffer_layout {
     uint64_t tile_expert;     /* [max_tiles] i32 local expert of each token tile                    */
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
     uint64_t tile_rows;       /* [max_tiles] i32 x 2: each tile's first slot row and its tokens     */
+    uint64_t tile_order;      /* [max_tiles] i32 tiles by tokens, most first (where the routing      */
+                              /* writes it: sm90_route_orders_tiles), for the streaming kernel       */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
     uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */

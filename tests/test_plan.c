@@ -201,6 +201,42 @@ static void test_ws_items_cover_every_block_once(void **state) {
         }
 }
 
+/* The streaming kernel's tile order (tile_order_before, summed over a rank's experts as
+ * sm90_route_small_kernel does): a permutation of the tiles, by tokens, most first, ties by (expert,
+ * tile). Over token counts with empty experts, full tiles and several per expert. */
+static void test_tile_order_is_a_sorted_permutation(void **state) {
+    (void)state;
+    enum { E = 40, MAXT = 400 };
+    static int hist[E], pos_seen[MAXT], cols_at[MAXT], expert_at[MAXT], index_at[MAXT];
+    uint64_t rng = 12345;
+    for (int round = 0; round < 50; round++) {
+        int tiles = 0;
+        for (int x = 0; x < E; x++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            const int r = (int)(rng >> 33) % 100;
+            hist[x] = r < 20 ? 0 : r < 30 ? 64 * (1 + r % 3) : r < 40 ? 64 + r % 64 : 1 + r % 70;
+            tiles += (hist[x] + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+        }
+        assert_true(tiles <= MAXT);
+        memset(pos_seen, 0, sizeof pos_seen);
+        for (int e = 0; e < E; e++)
+            for (int i = 0; i * MM_TILE_TOKENS < hist[e]; i++) {
+                const int c = hist[e] - i * MM_TILE_TOKENS < MM_TILE_TOKENS ? hist[e] - i * MM_TILE_TOKENS : MM_TILE_TOKENS;
+                int at = 0;
+                for (int x = 0; x < E; x++) at += tile_order_before(hist[x], x, e, i, c);
+                assert_true(at >= 0 && at < tiles);
+                assert_int_equal(pos_seen[at], 0);
+                pos_seen[at] = 1, cols_at[at] = c, expert_at[at] = e, index_at[at] = i;
+            }
+        for (int k = 1; k < tiles; k++) {
+            assert_true(cols_at[k - 1] >= cols_at[k]);
+            if (cols_at[k - 1] == cols_at[k])
+                assert_true(expert_at[k - 1] < expert_at[k] ||
+                            (expert_at[k - 1] == expert_at[k] && index_at[k - 1] < index_at[k]));
+        }
+    }
+}
+
 static void test_gemm_choice_rules(void **state) {
     (void)state;
     for (int force = 1; force <= 2; force++) assert_int_equal(gemm_choice(force, 5, 256, 4, 1, 2048), force);
@@ -241,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_nccl_launch_bounds_hold),
         cmocka_unit_test(test_layout_reserves_the_workspace),
         cmocka_unit_test(test_gemm_choice_rules),
+        cmocka_unit_test(test_tile_order_is_a_sorted_permutation),
         cmocka_unit_test(test_ws_items_cover_every_block_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

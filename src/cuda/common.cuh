@@ -214,6 +214,9 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
 bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots);
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  long total_slots, cudaStream_t s);
+/* Whether the routing of a forward of total_slots slots writes L.tile_order (the tiles by tokens,
+ * most first: gemm_plan.h tile_order_before), which the streaming kernel then walks. */
+bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots);
 /* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered). */
 megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                   cudaStream_t s);

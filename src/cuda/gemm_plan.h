@@ -26,6 +26,20 @@ typedef struct splitk_plan {
 /* The plans' GPU: 132 SMs fixed, so that no plan (and no y) depends on the GPU it runs on. */
 #define MM_PLAN_SMS 132
 
+/* The tile order the streaming kernel walks its items in where the routing writes one
+ * (sm90_route_orders_tiles): tiles by tokens, most first, ties by (expert, tile) -- so the persistent
+ * blocks take the heaviest items in their first round and the lightest last, and finish closer
+ * together (longest processing time first). A tile's position: the tiles with more tokens, and those
+ * with as many of an earlier expert or an earlier tile of its own. This is expert x's share of it
+ * (x holds n tokens: n / 64 full tiles and one of n % 64); tile i of expert e holds c tokens. */
+MM_PLAN_FN int tile_order_before(int n, int x, int e, int i, int c) {
+    const int full = n / MM_TILE_TOKENS, rem = n % MM_TILE_TOKENS;
+    int before = (c < MM_TILE_TOKENS ? full : 0) + (rem > c ? 1 : 0);
+    if (x < e) before += (c == MM_TILE_TOKENS ? full : 0) + (rem > 0 && rem == c ? 1 : 0);
+    if (x == e && c == MM_TILE_TOKENS) before += i; /* its own full tiles before tile i */
+    return before;
+}
+
 /* At most the tiles of a rank: one partial tile per active expert plus the full ones. */
 MM_PLAN_FN int plan_tile_bound(long slots, int E) {
     return (int)(slots < E ? slots : E) + (int)((slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);

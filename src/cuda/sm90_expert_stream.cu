@@ -190,6 +190,7 @@ __device__ __forceinline__ int st_tfirst(const st_header &h) { return h.first - 
 
 struct st_params {
     int Y, nkc, splits, items;
+    int ordered; /* the routing wrote L.tile_order: items walk the tiles in it (most tokens first) */
     long slots;
 };
 
@@ -237,6 +238,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
         int r, tile, y, split;
         st_item(i, base, sh.local_ranks, p, r, tile, y, split);
         uint8_t *mine = peers[sh.first_rank + r];
+        if (p.ordered) tile = ((const int32_t *)(mine + L.tile_order))[tile];
         const tile_info ti = load_tile(L, mine, tile);
         const int e = ti.e, first = ti.first, ncols = ti.ncols;
         const int kc0 = split * p.nkc / p.splits, kc1 = (split + 1) * p.nkc / p.splits;
@@ -473,7 +475,8 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 template <int PHASE, bool XG, int B, int U>
 __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
-                              const mm_dev_weights *weights, int force, long host_slots, int host_splits) {
+                              const mm_dev_weights *weights, int force, long host_slots, int host_splits,
+                              int host_ordered) {
     if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
     constexpr bool early = PHASE == PHASE_DOWN && MM_STREAM_EARLY_NEXT; /* st_wait_for_inputs */
     if (!early) {
@@ -492,6 +495,7 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     st_params p;
     p.Y = Y;
     p.nkc = Kdim / BK;
+    p.ordered = host_ordered;
     /* The local ranks' tile counts are read by one thread each while every thread reads the group's
      * token count (two independent latencies instead of one after the other). */
     if (threadIdx.x < sh.local_ranks) base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
@@ -567,7 +571,8 @@ __global__ void __launch_bounds__(ST_THREADS, B)
 /* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
  * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, and the per-slot
  * one with the K loop not unrolled. */
-using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, long, int);
+using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, long, int,
+                              int);
 struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
@@ -610,8 +615,10 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
      * at decode) before their first copy. NCCL: 0, the blocks plan from the group's count. */
     const bool one_process = sh.local_ranks == sh.R;
     const int host_splits = one_process ? plan_stream_splits(slots, sh.E, Y, nkc) : 0;
+    /* The routing ordered the tiles (one process, its one-kernel path): most tokens first. */
+    const int ordered = sm90_route_orders_tiles(sh, slots);
     MM_CUDA_TRY(mm_launch(v.kernel[phase], grid, ST_THREADS, v.smem, s, sh, L, peers, weights, force,
-                          one_process ? slots : 0L, host_splits));
+                          one_process ? slots : 0L, host_splits, ordered));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

@@ -12,6 +12,7 @@
  * warp-specialized kernels' token tiles are consecutive rows (one TMA box).
  */
 #include "common.cuh"
+#include "gemm_plan.h"
 
 #ifndef ROUTE_SMALL_SLOTS
 #define ROUTE_SMALL_SLOTS 4096 /* slots of a forward routed by the one-kernel path */
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
  * and fill in one kernel, one block per (local expert, rank). Every block counts all of its rank's
  * experts itself in a shared-memory histogram (E_r ints of dynamic shared memory), so no block waits
  * for another and two kernel boundaries go. Same tables, same slot order as the three kernels. */
-__global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
+__global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, int order) {
     mm_wait_previous();
     extern __shared__ int hist[];
     __shared__ int sums[4][32];
@@ -333,8 +334,32 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
         ((int2 *)(b + L.tile_rows))[tile_before + i] =
             make_int2(slot_before + i * MM_TILE_TOKENS, min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
     }
+    if (order) { /* this expert's tiles' places in the rank's tile order (sm90_route_orders_tiles) */
+        int32_t *ord = (int32_t *)(b + L.tile_order);
+        for (int i = 0; i < tiles; i++) { /* tiles is the block's: every thread takes each turn */
+            const int c = min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS);
+            int before = 0, at;
+            for (int x = threadIdx.x; x < sh.E_r; x += blockDim.x) before += tile_order_before(hist[x], x, e, i, c);
+            block_exclusive_scan(before, &at);
+            if (threadIdx.x == 0) ord[at] = tile_before + i;
+        }
+    }
     fill_expert(sh, L, peers, r * sh.E_r + e, (int32_t *)(b + L.slots) + slot_before,
                 (float *)(b + L.slot_scale) + slot_before);
+}
+
+/* The forwards whose routing runs the one-kernel path, in the few-token regime of the NVFP4
+ * streaming kernel (gemm_choice: <= 8 slots per expert), with more than one round of items per
+ * block to even out (from 128 slots). MM_TILE_ORDER 0: never. */
+#ifndef MM_TILE_ORDER
+#define MM_TILE_ORDER 1
+#endif
+static bool route_small(const mm_dev_shape &sh, long total_slots) {
+    return sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS;
+}
+bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
+    return MM_TILE_ORDER && sh.nvfp4 && !sm90_stage_routes(sh, total_slots) && route_small(sh, total_slots) &&
+           total_slots >= 128 && total_slots <= 8L * sh.E;
 }
 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
@@ -343,8 +368,9 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     const dim3 grid(sh.E_r, local_ranks);
     /* One process knows the group's slot count: few slots, one kernel. (NCCL: the other ranks'
      * counts are unknown here, so the three kernels.) */
-    if (sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS) {
-        MM_CUDA_TRY(mm_launch(sm90_route_small_kernel, grid, 256, (size_t)sh.E_r * 4, s, sh, L, peers));
+    if (route_small(sh, total_slots)) {
+        MM_CUDA_TRY(mm_launch(sm90_route_small_kernel, grid, 256, (size_t)sh.E_r * 4, s, sh, L, peers,
+                              (int)sm90_route_orders_tiles(sh, total_slots)));
         return MEGAMOE_OK;
     }
     if (L.route_chunks_per_src > 0) {
