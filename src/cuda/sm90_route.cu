@@ -15,7 +15,10 @@
 #include "gemm_plan.h"
 
 #ifndef ROUTE_SMALL_SLOTS
-#define ROUTE_SMALL_SLOTS 4096 /* slots of a forward routed by the one-kernel path */
+/* Slots of a forward routed by the one-kernel path: over it the chunked routing (count / scan / fill)
+ * is faster -- Qwen3 T = 512 (4096 slots) -1.0% on H200, session 14; at 1024 and fewer the one kernel's
+ * saved launches win (a bound of 128 made Qwen3 T = 32 / 128 5.9 / 3.7% slower). */
+#define ROUTE_SMALL_SLOTS 1024
 #endif
 #define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
