@@ -67,7 +67,9 @@ typedef struct mm_buffer_layout {
 /* The routing of many slots (sm90_route.cu) counts and places them by chunks of MM_ROUTE_CHUNK slots
  * of one home rank (a block each), for ranks of at most MM_ROUTE_CHUNK_EXPERTS experts (a block holds
  * a count per expert and warp in shared memory: 8 x 4 KB). */
+#ifndef MM_ROUTE_CHUNK /* a multiple of 256 (overridable for experiments: bench/build_variants.sh) */
 #define MM_ROUTE_CHUNK 2048
+#endif
 #define MM_ROUTE_CHUNK_EXPERTS 1024
 #define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
 #ifndef MM_SPLITK_COUNTER_STRIDE
