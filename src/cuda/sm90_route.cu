@@ -94,7 +94,7 @@ __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint
 }
 
 /* Many slots (E_r <= MM_ROUTE_CHUNK_EXPERTS): three kernels over chunks of MM_ROUTE_CHUNK slots of
- * one home rank, a block per (chunk, local rank), ROUTE_CHUNK_WARPS warps of 256 slots each. count:
+ * one home rank, a block per (chunk, local rank), ROUTE_CHUNK_WARPS warps of 64 slots each. count:
  * each chunk's slots per local expert, into route_chunks; scan: per expert the counts over the
  * chunks, the expert offsets and tiles, and each chunk's first row per expert in place of its
  * count; fill: each warp places its slots from its chunk's first rows plus the slots of the warps
@@ -102,7 +102,7 @@ __global__ void sm90_route_fill_kernel(mm_dev_shape sh, mm_buffer_layout L, uint
  * read twice instead of once per expert (those scans cost ~0.33 ms at Qwen3-like T = 8192: 128
  * blocks reading all 65536 slots, a block barrier every 256). */
 #define ROUTE_CHUNK_WARPS 8
-#define ROUTE_WARP_SLOTS (MM_ROUTE_CHUNK / ROUTE_CHUNK_WARPS) /* 256: 8 per lane */
+#define ROUTE_WARP_SLOTS (MM_ROUTE_CHUNK / ROUTE_CHUNK_WARPS) /* 64: 2 per lane */
 static_assert(ROUTE_WARP_SLOTS % 32 == 0, "a warp's slots are whole rounds of 32");
 static_assert(MM_ROUTE_CHUNK_EXPERTS % (ROUTE_CHUNK_WARPS * 32) == 0, "whole experts per thread");
 
