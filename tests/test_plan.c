@@ -221,7 +221,7 @@ static void test_tile_order_is_a_sorted_permutation(void **state) {
         memset(pos_seen, 0, sizeof pos_seen);
         for (int e = 0; e < E; e++)
             for (int i = 0; i * MM_TILE_TOKENS < hist[e]; i++) {
-                const int c = hist[e] - i * MM_TILE_TOKENS < MM_TILE_TOKENS ? hist[e] - i * MM_TILE_TOKENS : MM_TILE_TOKENS;
+                const int left = hist[e] - i * MM_TILE_TOKENS, c = left < MM_TILE_TOKENS ? left : MM_TILE_TOKENS;
                 int at = 0;
                 for (int x = 0; x < E; x++) at += tile_order_before(hist[x], x, e, i, c);
                 assert_true(at >= 0 && at < tiles);
