@@ -54,6 +54,9 @@
 #ifndef MM_STREAM_B_UNPRED
 #define MM_STREAM_B_UNPRED 1 /* token rows read unpredicated (stale rows feed dropped columns only; pairs need it) */
 #endif
+#ifndef MM_STREAM_B_LDSM
+#define MM_STREAM_B_LDSM 1 /* the consumers read the token rows by ldmatrix.x4 (4 rows of 16 B per instruction) */
+#endif
 #ifndef MM_STREAM_COMPACT_EPILOGUE
 #define MM_STREAM_COMPACT_EPILOGUE 2 /* gemm_epilogue's COMPACT form: 1 in the split-K finisher, 2 there and after
                                       * an unsplit item (0: neither). H200, session 11 call 3: 2 against 0,
@@ -403,6 +406,22 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
             w[q].sf = *(const uint2 *)(src + ST_CODES + (GROUPS_PER_WARP * warp + q) * 64 + g * 8);
         }
         uint32_t b[4][NT][2];
+#if MM_STREAM_B_UNPRED && MM_STREAM_B_LDSM
+        /* Two ldmatrix.x4 per n-tile instead of eight 32-bit loads: matrix j is k 8j..8j+7 of the
+         * step for the n-tile's 8 tokens (lane l gives row l & 7 of matrix l >> 3, + 4 in the second),
+         * and thread (g, c) receives token g's k 8j + 2c, 8j + 2c + 1 -- b[j / 2][nt][j % 2], the
+         * registers of the loads below. Rows past the chunk's tokens: as below. */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const uint8_t *row = lay::x(ring, slot) + (nt * 8 + (lane & 7)) * lay::xrow + 16 * ((lane >> 3) + 4 * hh);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(b[2 * hh][nt][0]), "=r"(b[2 * hh][nt][1]), "=r"(b[2 * hh + 1][nt][0]),
+                               "=r"(b[2 * hh + 1][nt][1])
+                             : "r"((uint32_t)__cvta_generic_to_shared(row)));
+            }
+#else
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int tok = nt * 8 + g;
@@ -421,6 +440,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #endif
             }
         }
+#endif
         __syncwarp();
         if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
 #pragma unroll
