@@ -14,7 +14,7 @@ src_page() { # NAME "E K H I" T
   local n=$1 t=$3; set -- $2
   timeout 100 ncu --clock-control none -k "regex:sm90_expert_stream_kernel" --launch-count 2 \
     --section WarpStateStats --section SourceCounters -o "$L/rep_$n" -f \
-    .devbin/megamoe bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
+    "${BIN:-.devbin/megamoe}" bench --backend cuda --format nvfp4 --experts $1 --top-k $2 --hidden $3 --inter $4 \
     --tokens "$t" --iters 1 > "$L/ncu_$n.txt" 2>&1
   # --print-source (sass) is in the ncu of CUDA 12.x/13.x; without it the source page defaults to SASS
   timeout 60 ncu -i "$L/rep_$n.ncu-rep" --page source --csv --print-source sass > "$L/src_$n.csv" 2>&1 ||
