@@ -66,10 +66,11 @@ typedef struct mm_buffer_layout {
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
 /* The routing of many slots (sm90_route.cu) counts and places them by chunks of MM_ROUTE_CHUNK slots
  * of one home rank (a block each), for ranks of at most MM_ROUTE_CHUNK_EXPERTS experts (a block holds
- * a count per expert and warp in shared memory: 8 x 4 KB). */
-/* 512: at Qwen3-like T = 256 / 512 (2048 / 4096 slots) four times the blocks of 2048 count and fill,
- * -2.2 / -1.8% per forward (H200, session 14 call 3; T = 8192 -0.3%, the other shapes -0.5 to +0.1%). */
-#ifndef MM_ROUTE_CHUNK /* a multiple of 256 (overridable for experiments: bench/build_variants.sh) */
+ * a count per expert and warp in shared memory: 8 x 4 KB). MM_ROUTE_CHUNK: a multiple of 256,
+ * overridable for experiments (bench/build_variants.sh); 512 against 2048 gives Qwen3-like T = 256 /
+ * 512 (2048 / 4096 slots) four times the blocks to count and fill, -2.2 / -1.8% per forward (H200,
+ * session 14 call 3; T = 8192 -0.3%, the other shapes -0.5 to +0.1%). */
+#ifndef MM_ROUTE_CHUNK
 #define MM_ROUTE_CHUNK 512
 #endif
 #define MM_ROUTE_CHUNK_EXPERTS 1024
