@@ -271,16 +271,4 @@ __device__ __forceinline__ float mm_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     return v;
 }
-/* Max over the block's blockDim.x threads (a multiple of 32, at most 1024). */
-__device__ __forceinline__ float mm_block_max(float v, float *scratch /* [32] */) {
-    v = mm_warp_max(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float m = 0.0f;
-    for (int w = 0; w < nwarps; w++) m = fmaxf(m, scratch[w]);
-    return m;
-}
-
 #endif /* MEGAMOE_CUDA_COMMON_CUH */

@@ -111,13 +111,17 @@ static_assert(MM_ROUTE_CHUNK_EXPERTS % (ROUTE_CHUNK_WARPS * 32) == 0, "whole exp
 struct route_chunk {
     int src, j0, n;
 };
+/* Home rank src's slots this forward (its live tokens times K). */
+__device__ __forceinline__ int route_src_slots(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                               uint8_t *const *peers, int src) {
+    return *(const int32_t *)(peers[src] + L.num_tokens) * sh.K;
+}
 __device__ __forceinline__ route_chunk route_chunk_of(const mm_dev_shape &sh, const mm_buffer_layout &L,
                                                       uint8_t *const *peers) {
     route_chunk c;
     c.src = blockIdx.x / L.route_chunks_per_src;
     c.j0 = (blockIdx.x % L.route_chunks_per_src) * MM_ROUTE_CHUNK;
-    const int n = *(const int32_t *)(peers[c.src] + L.num_tokens) * sh.K;
-    c.n = n - c.j0 < 0 ? 0 : n - c.j0 < MM_ROUTE_CHUNK ? n - c.j0 : MM_ROUTE_CHUNK;
+    c.n = min(max(route_src_slots(sh, L, peers, c.src) - c.j0, 0), MM_ROUTE_CHUNK);
     return c;
 }
 
@@ -185,7 +189,7 @@ __global__ void sm90_route_chunk_scan_kernel(mm_dev_shape sh, mm_buffer_layout L
     const int cps = L.route_chunks_per_src;
     /* the chunks of home rank src that hold slots */
     auto used = [&](int src) {
-        return (*(const int32_t *)(peers[src] + L.num_tokens) * sh.K + MM_ROUTE_CHUNK - 1) / MM_ROUTE_CHUNK;
+        return (route_src_slots(sh, L, peers, src) + MM_ROUTE_CHUNK - 1) / MM_ROUTE_CHUNK;
     };
     route_write_tiles(
         sh, L, b,

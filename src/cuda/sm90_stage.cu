@@ -30,8 +30,8 @@ template <bool RW> __device__ __forceinline__ int stage_sync_and(int nq, int pre
                  : "memory");
     return r;
 }
+/* Max over the nq staging threads (a multiple of 32): warp maxima through scratch[32]. */
 template <bool RW> __device__ __forceinline__ float stage_max(float v, float *scratch /* [32] */, int nq) {
-    if (!RW) return mm_block_max(v, scratch);
     v = mm_warp_max(v);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     stage_sync<RW>(nq);
