@@ -205,10 +205,16 @@ static void timeit(const char *what, int rows, int K, int ntok) {
     free_problem(p);
 }
 
-int main() {
+int main(int argc, char **argv) {
     CK(cudaFuncSetAttribute(fp4_ws_gemm, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
     int fails = check(256, 512, 128) + check(512, 1024, 256) + check(768, 2048, 128);
     if (fails) return 1;
+    /* probe ROWS K TOKENS: that shape only (e.g. the rows of many experts at a forward's tokens per
+     * expert, so the weights stream from DRAM as in the library's forward) */
+    if (argc == 4) {
+        timeit("given shape", atoi(argv[1]), atoi(argv[2]), atoi(argv[3]));
+        return 0;
+    }
     timeit("DSv3-like gate/up, one expert", 4096, 7168, 8192);
     timeit("DSv3-like down, one expert", 7168, 2048, 8192);
     timeit("Mixtral-like gate/up, one expert", 28672, 4096, 2048);
