@@ -322,11 +322,16 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
  * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
  * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
-template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false>
+/* STAGED (the warp-specialized kernel, one item per block): the values go to shared memory instead,
+ * column col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit
+ * act of intermediate indices row0..), for the block's bulk stores (sm90_expert_ws.cu). */
+#define EPI_STAGE_ROW 1040 /* 256 f32 or 128 16-bit values + 16 B: a column's 8 lanes (c) on other banks */
+template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false, bool STAGED = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                               const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
                                               const mm_dev_weights &W, int e, int first, int ncols, int ntiles_n,
-                                              int wgroup, const int *col_code, const float *col_scale, int lane) {
+                                              int wgroup, const int *col_code, const float *col_scale, int lane,
+                                              uint8_t *stage = nullptr, int row0 = 0) {
     const int g = lane >> 2, c = lane & 3;
     /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
     const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
@@ -336,8 +341,12 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         auto store = [&](int q, int i, float p) {
             const int col = (i >> 2) * 8 + 2 * c + (i & 1), h = (wgroup + q) * 16 + g + ((i & 3) >> 1) * 8;
             if (col >= ncols) return;
-            const slot_info si = decode_slot(sh, col_code[col]);
             if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+            if constexpr (STAGED) {
+                ((float *)(stage + col * EPI_STAGE_ROW))[h - row0] = p;
+                return;
+            }
+            const slot_info si = decode_slot(sh, col_code[col]);
             ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
         };
         if constexpr (COMPACT) {
@@ -397,7 +406,12 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
                 for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
             }
             if (col < ncols)
-                for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    if constexpr (STAGED)
+                        ((uint16_t *)(stage + col * EPI_STAGE_ROW))[i_base + q * 8 + g - row0] = out[q];
+                    else
+                        act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+                }
         };
         if constexpr (COMPACT) {
             /* (n-tile, half) pair j: gate values i = 4 (j >> 1) + (j & 1), up values i + 2, in gate[][0] / up[][0] */
