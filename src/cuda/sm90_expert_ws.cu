@@ -158,13 +158,9 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
 /* The epilogue of a block's only item (LOOP false) through shared memory: once both consumer
  * warpgroups have retired their last wgmma (named barrier 1 over their 256 threads; the producer
  * issued nothing past the item, so every stage has landed and been read), each warp writes its
- * values into the ring's space (gemm_epilogue STAGED: a row of EPI_STAGE_ROW bytes per token column),
- * fences them for the async proxy, and after a second barrier consumer thread `ct` < ncols sends
- * column ct's row with one bulk copy: 1 KB of f32 p rows (down) or 256 B of act (gate/up) per token,
- * instead of one 4-byte (down) or 2-byte (gate/up) scattered store per value, each down value with
- * its own slot decode. ncu (session 15 call 2, DSv3 T = 8192): the scattered epilogue was 56% of the
- * down kernel's warp samples and 34% of gate/up's. One item per block only: with LOOP the producer
- * is filling the ring with the next item's steps during the epilogue. */
+ * values into the ring's space (gemm_epilogue STAGED), fences them for the async proxy, and after a
+ * second barrier consumer thread `ct` sends one token column's row (staged_send). Not with LOOP: the
+ * producer is then filling the ring with the next item's steps during the epilogue. */
 template <int PHASE, bool NVFP4, int NTOK>
 __device__ __forceinline__ void ws_staged_epilogue(const float (&acc)[GROUPS_PER_WARP][NTOK / 2], const mm_dev_shape &sh,
                                                    const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
@@ -180,19 +176,7 @@ __device__ __forceinline__ void ws_staged_epilogue(const float (&acc)[GROUPS_PER
                                                        (it.ncols + 7) / 8, wgroup, col_code, col_scale, lane, stage, row0);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* this thread's rows, for the bulk copies */
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    if (ct >= it.ncols) return;
-    uint8_t *dst;
-    uint32_t bytes;
-    if constexpr (PHASE == PHASE_DOWN) {
-        const slot_info si = decode_slot(sh, col_code[ct]);
-        dst = peers[si.src] + L.p + (((size_t)si.token * sh.K + si.slot) * sh.H + row0) * 4;
-        bytes = MM_WS_ROWS * 4;
-    } else {
-        dst = mine + L.act + ((size_t)(it.first + ct) * sh.I + row0) * 2;
-        bytes = MM_WS_ROWS / 2 * 2;
-    }
-    mm_bulk_store(dst, stage + ct * EPI_STAGE_ROW, bytes);
-    mm_bulk_store_drain();
+    staged_send<PHASE>(sh, L, peers, mine, it.first, it.ncols, col_code, stage, row0, ct);
 }
 
 /* One process (LOOP false): one block per item of the launch's tile bound (blockIdx.x, in ws_decode's

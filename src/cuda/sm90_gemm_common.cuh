@@ -447,4 +447,42 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
     }
 }
 
+/* bytes (a multiple of 16; both addresses 16-byte aligned) from shared to global memory by the
+ * bulk copy engine (TMA 1D), in this thread's bulk async-group; mm_bulk_store_drain commits the group
+ * and waits until its sources have been read (the shared memory may then be reused, or the block
+ * exit: the writes complete by the grid's end, as with CUTLASS's TMA-store epilogues). */
+__device__ __forceinline__ void mm_bulk_store(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"((uint32_t)__cvta_generic_to_shared(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mm_bulk_store_drain() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* After a one-tile block's STAGED epilogue (its 256 rows' values in `stage`, fenced for the async
+ * proxy by the threads that wrote them, then a barrier over them): thread ct < ncols sends token
+ * column ct's row with one bulk store -- 1 KB of f32 p (down) or 256 B of act (gate/up) -- instead of
+ * one 4- or 2-byte scattered store per value, each down value with its own slot decode (ncu, session
+ * 15 call 2, DSv3 T = 8192: the scattered epilogue was 56% of the ws down kernel's warp samples and
+ * 34% of gate/up's). */
+template <int PHASE>
+__device__ __forceinline__ void staged_send(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                            uint8_t *mine, int first, int ncols, const int *col_code,
+                                            const uint8_t *stage, int row0, int ct) {
+    if (ct >= ncols) return;
+    uint8_t *dst;
+    uint32_t bytes;
+    if constexpr (PHASE == PHASE_DOWN) {
+        const slot_info si = decode_slot(sh, col_code[ct]);
+        dst = peers[si.src] + L.p + (((size_t)si.token * sh.K + si.slot) * sh.H + row0) * 4;
+        bytes = 256 * 4;
+    } else {
+        dst = mine + L.act + ((size_t)(first + ct) * sh.I + row0) * 2;
+        bytes = 128 * 2;
+    }
+    mm_bulk_store(dst, stage + ct * EPI_STAGE_ROW, bytes);
+    mm_bulk_store_drain();
+}
+
 #endif /* MEGAMOE_SM90_GEMM_COMMON_CUH */
