@@ -33,6 +33,11 @@
  * measured on the H200, DSv3 T = 2048, 5.99 ms against 7.53 ms with 1 block of 155 registers. */
 #define WG_NVFP4_BLOCKS 2
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
+/* One process (a tile per block): the epilogue through shared memory and a bulk store per token
+ * column (gemm_epilogue STAGED, staged_send); 0: a scattered store per value, as with LOOP. */
+#ifndef WG_STAGED
+#define WG_STAGED 1
+#endif
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
 static_assert(WG_ROWS == MM_WGMMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
 
@@ -40,6 +45,8 @@ __host__ __device__ constexpr int a_slot_bytes(bool nvfp4) { return nvfp4 ? A_SL
 __host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
     return WG_STAGES * B_SLOT + WG_WARPS * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
 }
+static_assert(MM_TILE_TOKENS * EPI_STAGE_ROW <= wgmma_smem_bytes(true) && MM_TILE_TOKENS * EPI_STAGE_ROW <= wgmma_smem_bytes(false),
+              "the staged tile fits the rings");
 
 
 /* d[32] = A(64 x 16, this warp's 16 rows in a[4]) . B(64 tokens x 16)^T (+ d when accumulate) */
@@ -244,6 +251,16 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             return;
     }
 
+    if constexpr (!LOOP && WG_STAGED) { /* one tile per block: the rings are free once every warp's wgmma retired */
+        const int row0 = PHASE == PHASE_DOWN ? blockIdx.y * WG_ROWS : blockIdx.y * (WG_ROWS / 2);
+        __syncthreads();
+        gemm_epilogue<PHASE, nvfp4, 8, false, true>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup,
+                                                    col_code, col_scale, lane, smem, row0);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the rows, for the bulk stores */
+        __syncthreads();
+        staged_send<PHASE>(sh, L, peers, mine, first, ncols, col_code, smem, row0, tid);
+        return;
+    }
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,
                                 lane);
     };

@@ -322,11 +322,16 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
  * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
  * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
-template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false>
+/* STAGED (the warp-specialized kernel, one item per block): the values go to shared memory instead,
+ * column col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit
+ * act of intermediate indices row0..), for the block's bulk stores (sm90_expert_ws.cu). */
+#define EPI_STAGE_ROW 1040 /* 256 f32 or 128 16-bit values + 16 B: a column's 8 lanes (c) on other banks */
+template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false, bool STAGED = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                               const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
                                               const mm_dev_weights &W, int e, int first, int ncols, int ntiles_n,
-                                              int wgroup, const int *col_code, const float *col_scale, int lane) {
+                                              int wgroup, const int *col_code, const float *col_scale, int lane,
+                                              uint8_t *stage = nullptr, int row0 = 0) {
     const int g = lane >> 2, c = lane & 3;
     /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
     const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
@@ -336,8 +341,12 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         auto store = [&](int q, int i, float p) {
             const int col = (i >> 2) * 8 + 2 * c + (i & 1), h = (wgroup + q) * 16 + g + ((i & 3) >> 1) * 8;
             if (col >= ncols) return;
-            const slot_info si = decode_slot(sh, col_code[col]);
             if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+            if constexpr (STAGED) {
+                ((float *)(stage + col * EPI_STAGE_ROW))[h - row0] = p;
+                return;
+            }
+            const slot_info si = decode_slot(sh, col_code[col]);
             ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
         };
         if constexpr (COMPACT) {
@@ -397,7 +406,12 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
                 for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
             }
             if (col < ncols)
-                for (int q = 0; q < GROUPS_PER_WARP; q++) act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    if constexpr (STAGED)
+                        ((uint16_t *)(stage + col * EPI_STAGE_ROW))[i_base + q * 8 + g - row0] = out[q];
+                    else
+                        act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
+                }
         };
         if constexpr (COMPACT) {
             /* (n-tile, half) pair j: gate values i = 4 (j >> 1) + (j & 1), up values i + 2, in gate[][0] / up[][0] */
@@ -431,6 +445,44 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
             }
         }
     }
+}
+
+/* bytes (a multiple of 16; both addresses 16-byte aligned) from shared to global memory by the
+ * bulk copy engine (TMA 1D), in this thread's bulk async-group; mm_bulk_store_drain commits the group
+ * and waits until its sources have been read (the shared memory may then be reused, or the block
+ * exit: the writes complete by the grid's end, as with CUTLASS's TMA-store epilogues). */
+__device__ __forceinline__ void mm_bulk_store(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"((uint32_t)__cvta_generic_to_shared(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mm_bulk_store_drain() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* After a one-tile block's STAGED epilogue (its 256 rows' values in `stage`, fenced for the async
+ * proxy by the threads that wrote them, then a barrier over them): thread ct < ncols sends token
+ * column ct's row with one bulk store -- 1 KB of f32 p (down) or 256 B of act (gate/up) -- instead of
+ * one 4- or 2-byte scattered store per value, each down value with its own slot decode (ncu, session
+ * 15 call 2, DSv3 T = 8192: the scattered epilogue was 56% of the ws down kernel's warp samples and
+ * 34% of gate/up's). */
+template <int PHASE>
+__device__ __forceinline__ void staged_send(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                            uint8_t *mine, int first, int ncols, const int *col_code,
+                                            const uint8_t *stage, int row0, int ct) {
+    if (ct >= ncols) return;
+    uint8_t *dst;
+    uint32_t bytes;
+    if constexpr (PHASE == PHASE_DOWN) {
+        const slot_info si = decode_slot(sh, col_code[ct]);
+        dst = peers[si.src] + L.p + (((size_t)si.token * sh.K + si.slot) * sh.H + row0) * 4;
+        bytes = 256 * 4;
+    } else {
+        dst = mine + L.act + ((size_t)(first + ct) * sh.I + row0) * 2;
+        bytes = 128 * 2;
+    }
+    mm_bulk_store(dst, stage + ct * EPI_STAGE_ROW, bytes);
+    mm_bulk_store_drain();
 }
 
 #endif /* MEGAMOE_SM90_GEMM_COMMON_CUH */
