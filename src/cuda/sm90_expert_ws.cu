@@ -44,8 +44,14 @@
 #ifndef WS_STAGED
 #define WS_STAGED 1
 #endif
+/* gemm_epilogue's COMPACT loop (not unrolled) in the staged epilogue: 1 NVFP4 gate/up (its SwiGLU and
+ * block quantization unrolled over 32 columns is code enough to miss the instruction cache: 47% of
+ * the scattered epilogue's samples were no_inst, session 15 call 2), 2 also BF16 gate/up, 3 also
+ * down, 0 none. H200, session 15 calls 3-4, 2 (gate/up, both formats) against 0: NVFP4 Mixtral
+ * T = 256 / 512 / 2048 / 8192 +1.6 / -6.4 / -2.1 / -2.1%, DSv3 T = 2048 / 8192 -1.3 / -1.2%
+ * (Qwen3 takes the wgmma kernel); BF16 2-18% slower (Mixtral T = 8192 8.51 -> 10.03 ms). */
 #ifndef WS_STAGED_COMPACT
-#define WS_STAGED_COMPACT 0 /* experiment: gemm_epilogue's COMPACT loop in the staged epilogue, 1 gate/up, 2 both */
+#define WS_STAGED_COMPACT 1
 #endif
 /* Registers: 168 per thread at launch (384 x 168 = 63K of the SM's 64K), then 40 for the producer and
  * 232 for the consumers (128 x 40 + 256 x 232, the same 63K). At 216 for the consumers (a launch at
@@ -171,7 +177,7 @@ __device__ __forceinline__ void ws_staged_epilogue(const float (&acc)[GROUPS_PER
                   "the staged tile fits the ring");
     const int row0 = PHASE == PHASE_DOWN ? it.rb * MM_WS_ROWS : it.rb * (MM_WS_ROWS / 2);
     asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both warpgroups' wgmma retired: the ring is free */
-    constexpr bool compact = WS_STAGED_COMPACT >= (PHASE == PHASE_GATE_UP ? 1 : 2);
+    constexpr bool compact = WS_STAGED_COMPACT >= (PHASE == PHASE_DOWN ? 3 : NVFP4 ? 1 : 2);
     gemm_epilogue<PHASE, NVFP4, NTOK / 8, compact, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
                                                        (it.ncols + 7) / 8, wgroup, col_code, col_scale, lane, stage, row0);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* this thread's rows, for the bulk copies */
