@@ -11,7 +11,8 @@
  *   - a forward captured in a CUDA graph and replayed on new inputs;
  *   - bad expert ids reported by megamoe_layer_check; memory accounting;
  *   - a forward finishes while a kernel on another stream holds part of every SM.
- * Outputs are poisoned (0xFFFF) before every run so unwritten elements are caught.
+ * Outputs are poisoned (0xFFFF) before every run so unwritten elements are caught, and so are the
+ * intermediate p and act buffers (NaN), so a row read but not written this forward shows in y.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -105,9 +106,26 @@ static megamoe_status gpu_forward(megamoe_group *g, megamoe_layer *l, const tu_i
     return megamoe_layer_forward(l, args, s);
 }
 
+/* Every local rank's expert outputs p [T_max, K, H] f32 and down-projection input act [R T_max K, I]
+ * 16-bit set to NaN, so a forward that reads a row of either it did not write this forward (a bulk
+ * or scattered store left out, a split-K finisher that never ran) gives NaN in y, and the stale
+ * values of the case before cannot stand in for it. Only rows past a tile's tokens are read without
+ * being written, and they feed token columns the epilogues drop. */
+static void poison_buffers(megamoe_layer *l) {
+    const mm_buffer *b = l->buffer;
+    const uint64_t T = (uint64_t)b->key[1], K = (uint64_t)b->key[2], H = (uint64_t)b->key[3],
+                   I = (uint64_t)b->key[4], R = (uint64_t)l->group->world_size;
+    for (int r = 0; r < l->group->local_ranks; r++) {
+        uint8_t *base = b->rank_base[r];
+        CK(cudaMemset(base + b->layout.p, 0xFF, T * K * H * 4));
+        CK(cudaMemset(base + b->layout.act, 0xFF, R * T * K * I * 2));
+    }
+}
+
 static uint16_t *gpu_run(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, dev_inputs *d) {
     const size_t n = (size_t)in->T * in->H;
     CK(cudaMemset(d->y, 0xFF, n * 2 + 2));
+    poison_buffers(l);
     megamoe_status st = gpu_forward(g, l, in, d, NULL);
     if (st) fail_msg("forward: %s", megamoe_layer_last_error(l));
     st = megamoe_layer_check(l);
