@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Prepared in session 15 for the next session (nvidia-h200-x2, carry .devpack, timeout_s 600; ~7 min
+# plus the start; on one H200 run GPU 0's part first, then GPU 1's). Builds (packed in .devpack at
+# session 15's end; rebuild with):
+#   bash bench/stage_device.sh                                   # main
+#   TESTS=1 bash bench/build_variants.sh "pp@wip/ws-pingpong=-DWS_PINGPONG=1" \
+#       "pp0@wip/ws-pingpong=-DWS_PINGPONG=1 -DWS_STAGED_COMPACT=0" "mut@wip/mutant-skip="
+#   bash bench/pack_devbin.sh
+# pp = wip/ws-pingpong: the ws kernel (128-token blocks, one process) as a persistent ping-pong --
+#   items of one 128-row slab x 128 tokens, the two consumer warpgroups taking alternate items from
+#   one ordered ring, each epilogue staged in its own region while the other warpgroup's K loop runs
+#   (CUDA_BACKEND Next 1a; session 15 call 5: the gate/up consumers spend ~38% of their time in the
+#   epilogue with the tensor cores idle). Its NVFP4 gate/up epilogue is the loop form, which spills
+#   672 B there (ptxas); pp0 = the unrolled epilogue (16 B of spills).
+# mut = wip/mutant-skip: the staged down epilogue skips token column 1; test_gpu ws must FAIL (the
+#   poisoned p of DECISIONS 84 shows it as NaN rows).
+# GPU 0: mut's test_gpu ws (expected to fail); pp's test_gpu ws / auto, memcheck ws; pp0's test_gpu ws.
+# GPU 1: NVFP4 main / pp / pp0 twice at T = 512 (where ws runs: Mixtral), 2048, 8192; BF16 main / pp
+#   at T = 2048, 8192; per-kernel times of pp at DSv3 T = 8192.
+. bench/call_lib.sh
+(
+  export CUDA_VISIBLE_DEVICES=0
+  MEGAMOE_GEMM=ws timeout 60 .devbin/test_gpu_mut > "$L/test_gpu_mut_ws.log" 2>&1
+  echo "mutant ws: exit $? (must be nonzero) $(grep -cE 'FAILED|not written|NaN' "$L/test_gpu_mut_ws.log") failure lines at $(el) s"
+  tg test_gpu_pp ws
+  tg test_gpu_pp auto
+  san memcheck test_gpu_pp ws
+  tg test_gpu_pp0 ws
+  echo "gpu0 done at $(el) s"
+) > "$L/gpu0.txt" 2>&1 &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  cmp_bench bench_pp.log 512,2048,8192 main pp pp0 main pp pp0
+  FMT=bf16 CMP_TIMEOUT=90 cmp_bench bench_pp_bf16.log 2048,8192 main pp
+  BIN=.devbin/megamoe_pp OUT=$L timeout 90 bash bench/profile.sh nvfp4 "256 8 7168 2048" 8192 > "$L/profile_pp.txt" 2>&1
+  echo "gpu1 done at $(el) s"
+) > "$L/gpu1.txt" 2>&1 &
+wait
+call_finish
+head -9 "$L/profile_pp.txt"
