@@ -6,9 +6,14 @@ set -u
 OUT=${OUT:-device-out}
 L=$OUT/logs
 mkdir -p "$L"
-tar xJf .devpack/devbin.tar.xz
+# Unpacked once per call: a script may replace builds (e.g. stage a variant as .devbin/megamoe) and
+# then source bench/full_suite.sh, which sources this file again.
+if [ -z "${DEVBIN_UNPACKED:-}" ]; then
+  tar xJf .devpack/devbin.tar.xz
+  DEVBIN_UNPACKED=1
+  start=$(date +%s)
+fi
 . bench/device_env.sh
-start=$(date +%s)
 el() { echo $(( $(date +%s) - start )); }
 call_finish() {
   tar czf "$OUT/logs.tar.gz" -C "$OUT" logs
