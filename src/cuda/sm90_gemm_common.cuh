@@ -322,9 +322,9 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
  * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
  * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
-/* STAGED (the warp-specialized kernel, one item per block): the values go to shared memory instead,
- * column col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit
- * act of intermediate indices row0..), for the block's bulk stores (sm90_expert_ws.cu). */
+/* STAGED (the ws and wgmma kernels' one-item blocks): the values go to shared memory instead, column
+ * col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit act of
+ * intermediate indices row0..), for the block's bulk stores (staged_send). */
 #define EPI_STAGE_ROW 1040 /* 256 f32 or 128 16-bit values + 16 B: a column's 8 lanes (c) on other banks */
 template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false, bool STAGED = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
