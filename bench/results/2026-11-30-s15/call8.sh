@@ -18,6 +18,7 @@
 # GPU 1: NVFP4 main / pp / pp0 twice at T = 512 (where ws runs: Mixtral), 2048, 8192; BF16 main / pp
 #   at T = 2048, 8192; per-kernel times of pp at DSv3 T = 8192.
 . bench/call_lib.sh
+G1=1; [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -lt 2 ] && G1=0 # one GPU: the parts in turn
 (
   export CUDA_VISIBLE_DEVICES=0
   MEGAMOE_GEMM=ws timeout 60 .devbin/test_gpu_mut > "$L/test_gpu_mut_ws.log" 2>&1
@@ -28,8 +29,9 @@
   tg test_gpu_pp0 ws
   echo "gpu0 done at $(el) s"
 ) > "$L/gpu0.txt" 2>&1 &
+[ "$G1" = 0 ] && wait
 (
-  export CUDA_VISIBLE_DEVICES=1
+  export CUDA_VISIBLE_DEVICES=$G1
   cmp_bench bench_pp.log 512,2048,8192 main pp pp0 main pp pp0
   FMT=bf16 CMP_TIMEOUT=90 cmp_bench bench_pp_bf16.log 2048,8192 main pp
   BIN=.devbin/megamoe_pp OUT=$L timeout 90 bash bench/profile.sh nvfp4 "256 8 7168 2048" 8192 > "$L/profile_pp.txt" 2>&1
