@@ -5,4 +5,5 @@ NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/d
 export LD_LIBRARY_PATH="$PWD/.devbin/libs:${NCCL_DIR:+$NCCL_DIR/lib:}${LD_LIBRARY_PATH:-}"
 # The kernels compute-sanitizer's racecheck leaves out: it reports their bulk-copy / mbarrier
 # hand-offs even in a minimal correct kernel (docs/TESTING.md, DECISIONS 38 and 44).
-RACECHECK_EXCLUDE=(--kernel-name-exclude kns=sm90_expert_stream_kernel --kernel-name-exclude kns=sm90_expert_ws_kernel)
+RACECHECK_EXCLUDE=(--kernel-name-exclude kns=sm90_expert_stream_kernel --kernel-name-exclude kns=sm90_expert_ws_kernel
+                   --kernel-name-exclude kns=sm90_expert_ws_pp_kernel)
