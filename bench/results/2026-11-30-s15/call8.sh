@@ -5,6 +5,7 @@
 #   bash bench/stage_device.sh                                   # main
 #   TESTS=1 bash bench/build_variants.sh "pp@wip/ws-pingpong=-DWS_PINGPONG=1" \
 #       "pp0@wip/ws-pingpong=-DWS_PINGPONG=1 -DWS_STAGED_COMPACT=0" "mut@wip/mutant-skip="
+#   bash bench/build_variants.sh "pp2@wip/ws-pingpong=-DWS_PINGPONG=2"
 #   bash bench/pack_devbin.sh
 # pp = wip/ws-pingpong: the ws kernel (128-token blocks, one process) as a persistent ping-pong --
 #   items of one 128-row slab x 128 tokens, the two consumer warpgroups taking alternate items from
@@ -38,5 +39,16 @@ G1=1; [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -lt 2 ] && G1=0 # one GP
   echo "gpu1 done at $(el) s"
 ) > "$L/gpu1.txt" 2>&1 &
 wait
+# Both GPUs: pp2 (WS_PINGPONG=2, the NCCL loop form as ping-pong too: p rows sent to the home GPU by
+# bulk stores over NVLink) in the 2-GPU pytest (its prefill case runs both phases on the ws kernel),
+# then EP2 DSv3 main / pp2 at T = 2048, 8192 per rank.
+if [ "$G1" = 1 ]; then
+  multi_gpu pp2 > "$L/both.txt" 2>&1
+  for b in main pp2 main pp2; do
+    timeout 60 "$(bin $b)" bench --backend cuda --gpus 2 --format nvfp4 --experts 256 --top-k 8 --hidden 7168 \
+      --inter 2048 --tokens 2048,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$b]:/" >> "$L/nccl_ep2.log"
+  done
+  echo "ep2 done at $(el) s" >> "$L/both.txt"
+fi
 call_finish
 head -9 "$L/profile_pp.txt"
