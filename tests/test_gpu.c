@@ -11,6 +11,7 @@
  *   - a forward captured in a CUDA graph and replayed on new inputs;
  *   - bad expert ids reported by megamoe_layer_check; memory accounting;
  *   - a forward finishes while a kernel on another stream holds part of every SM.
+ * MEGAMOE_TEST_SEED=N runs every case on other random data (the seeds offset by N).
  * Outputs are poisoned (0xFFFF) before every run so unwritten elements are caught, and so are the
  * intermediate p and act buffers (NaN), so a row read but not written this forward shows in y.
  */
@@ -135,6 +136,11 @@ static uint16_t *gpu_run(megamoe_group *g, megamoe_layer *l, const tu_inputs *in
     return y;
 }
 
+/* Every case's data seed, offset by MEGAMOE_TEST_SEED (default 0: the seeds the recorded runs used),
+ * so the suite can be run on other fresh data: MEGAMOE_TEST_SEED=N test_gpu. */
+static uint64_t g_seed_offset;
+static uint64_t seed(uint64_t s) { return s + g_seed_offset * 0x9E3779B97F4A7C15ull; }
+
 /* How far the GPU's y may be from the CPU's (relative L2): 1e-3 for both formats, issue 3's bound.
  * Both accumulate in f32, in different orders, the tensor cores with their own internal rounding;
  * SPEC's roundings a = bf16_rn(...) (BF16) or e2m1_rn (NVFP4's down input) and y = bf16_rn(...) turn
@@ -208,9 +214,9 @@ static void run_case(megamoe_weight_format fmt, const grid_case *gc, const int *
     c.num_experts = gc->E, c.top_k = gc->K, c.hidden_size = gc->H, c.intermediate_size = gc->I;
     c.max_tokens = gc->T_max, c.format = fmt;
     tu_model m;
-    tu_model_random(&m, &c, 1, (uint64_t)(gc->E * 131 + gc->H + gc->T + fmt));
+    tu_model_random(&m, &c, 1, seed((uint64_t)(gc->E * 131 + gc->H + gc->T + fmt)));
     tu_inputs in;
-    tu_inputs_edge_cases(&in, gc->T, &c, (uint64_t)gc->T * 7 + 1);
+    tu_inputs_edge_cases(&in, gc->T, &c, seed((uint64_t)gc->T * 7 + 1));
     if (gc->one_expert)
         for (int t = 0; t < gc->T; t++)
             for (int k = 0; k < gc->K; k++)
@@ -332,9 +338,9 @@ static void test_activation_bytes(void **state) {
     c.name = "gpu.bytes";
     c.num_experts = 8, c.top_k = 2, c.hidden_size = 1024, c.intermediate_size = 256, c.max_tokens = 300;
     tu_model m;
-    tu_model_random(&m, &c, 0, 5);
+    tu_model_random(&m, &c, 0, seed(5));
     tu_inputs in;
-    tu_inputs_edge_cases(&in, 300, &c, 6);
+    tu_inputs_edge_cases(&in, 300, &c, seed(6));
     for (int t = 8; t < 300; t++) /* scales over many decades */
         for (int h = 0; h < c.hidden_size; h++)
             in.x[(size_t)t * c.hidden_size + h] =
@@ -382,7 +388,7 @@ static void test_graph_capture_and_errors(void **state) {
     c.name = "gpu.graph";
     c.num_experts = 16, c.top_k = 4, c.hidden_size = 512, c.intermediate_size = 256, c.max_tokens = 64;
     tu_model m;
-    tu_model_random(&m, &c, 1, 9);
+    tu_model_random(&m, &c, 1, seed(9));
     megamoe_group *gc, *gg;
     megamoe_layer *lc, *lg;
     make_layer(&m, MEGAMOE_BACKEND_CPU, 2, &gc, &lc);
@@ -395,7 +401,7 @@ static void test_graph_capture_and_errors(void **state) {
            (unsigned long long)mi.finalize_peak_bytes, (unsigned long long)mi.buffer_bytes);
     assert_true(mi.weight_bytes >= packed && mi.weight_bytes < packed + 4096 && mi.checkpoint_bytes == 0);
     tu_inputs in;
-    tu_inputs_edge_cases(&in, 100, &c, 10);
+    tu_inputs_edge_cases(&in, 100, &c, seed(10));
     dev_inputs d;
     dev_upload(&d, &in);
     cudaStream_t s;
@@ -409,7 +415,7 @@ static void test_graph_capture_and_errors(void **state) {
     uint16_t *y_cpu = malloc((size_t)100 * 512 * 2), *y_gpu = malloc((size_t)100 * 512 * 2);
     for (int rep = 0; rep < 3; rep++) {
         tu_inputs fresh;
-        tu_inputs_edge_cases(&fresh, 100, &c, 100 + rep); /* new data in the same device buffers */
+        tu_inputs_edge_cases(&fresh, 100, &c, seed(100 + rep)); /* new data in the same device buffers */
         CK(cudaMemcpy(d.x, fresh.x, (size_t)100 * 512 * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(d.ids, fresh.ids, (size_t)100 * 4 * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(d.w, fresh.weights, (size_t)100 * 4 * 4, cudaMemcpyHostToDevice));
@@ -476,7 +482,7 @@ static void test_other_stream_holds_sms(void **state) {
         c.format = (megamoe_weight_format)f;
         c.num_experts = 16, c.top_k = 4, c.hidden_size = 512, c.intermediate_size = 256, c.max_tokens = 256;
         tu_model m;
-        tu_model_random(&m, &c, 1, 21 + f);
+        tu_model_random(&m, &c, 1, seed(21 + f));
         megamoe_group *gc, *gg;
         megamoe_layer *lc, *lg;
         make_layer(&m, MEGAMOE_BACKEND_CPU, 1, &gc, &lc);
@@ -485,7 +491,7 @@ static void test_other_stream_holds_sms(void **state) {
         for (int i = 0; i < 2; i++) {
             const int T = tokens[i];
             tu_inputs in;
-            tu_inputs_edge_cases(&in, T, &c, 30 + i);
+            tu_inputs_edge_cases(&in, T, &c, seed(30 + i));
             uint16_t *y_cpu = malloc((size_t)T * c.hidden_size * 2),
                      *y_gpu = malloc((size_t)T * c.hidden_size * 2);
             assert_int_equal(tu_forward(gc, lc, &in, y_cpu), MEGAMOE_OK);
@@ -536,6 +542,9 @@ int main(int argc, char **argv) {
         return 77;
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0; /* for compute-sanitizer */
+    const char *seed_env = getenv("MEGAMOE_TEST_SEED");
+    g_seed_offset = seed_env ? strtoull(seed_env, NULL, 10) : 0;
+    printf("data seeds: offset %llu (MEGAMOE_TEST_SEED)\n", (unsigned long long)g_seed_offset);
     const char *gemm = getenv("MEGAMOE_GEMM");
     g_gemm_kernel = !gemm                         ? 0
                     : strcmp(gemm, "mma") == 0    ? 1
