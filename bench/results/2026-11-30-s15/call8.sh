@@ -51,7 +51,7 @@ wait
 # then EP2 DSv3 main / pp2 at T = 2048, 8192 per rank.
 if [ "$G1" = 1 ]; then
   multi_gpu pp2 > "$L/both.txt" 2>&1
-  for b in main pp2 main pp2; do
+  for b in main pp2; do
     timeout 60 "$(bin $b)" bench --backend cuda --gpus 2 --format nvfp4 --experts 256 --top-k 8 --hidden 7168 \
       --inter 2048 --tokens 2048,8192 --iters 10 2>&1 | sed "s/^bench:/bench[$b]:/" >> "$L/nccl_ep2.log"
   done
