@@ -57,6 +57,19 @@ __device__ __forceinline__ void mm_bulk_copy(void *dst, const void *src, uint32_
                  : "memory");
 }
 
+/* bytes (a multiple of 16; both addresses 16-byte aligned) from shared to global memory by the
+ * bulk copy engine (TMA 1D), in this thread's bulk async-group; mm_bulk_store_drain commits the group
+ * and waits until its sources have been read (the shared memory may then be reused, or the block
+ * exit: the writes complete by the grid's end, as with CUTLASS's TMA-store epilogues). */
+__device__ __forceinline__ void mm_bulk_store(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(mm_smem_u32(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mm_bulk_store_drain() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
 /* The box of a 2D tensor map (CUtensorMap, passed as a __grid_constant__ kernel parameter) at
  * element coordinates (inner, outer) to shared memory, counted on the mbarrier's transaction count. */
 __device__ __forceinline__ void mm_tma_load_2d(void *dst, const void *map, int inner, int outer, uint64_t *bar) {

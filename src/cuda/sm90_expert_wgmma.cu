@@ -34,12 +34,13 @@
 #define WG_NVFP4_BLOCKS 2
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
 /* One process (a tile per block): the epilogue through shared memory and a bulk store per token
- * column (gemm_epilogue STAGED, staged_send); 0: a scattered store per value, as with LOOP. */
+ * column (staged_epilogue); 0: a scattered store per value, as with LOOP. */
 #ifndef WG_STAGED
 #define WG_STAGED 1
 #endif
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
 static_assert(WG_ROWS == MM_WGMMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
+static_assert(WG_ROWS == 256, "staged_epilogue's row blocks");
 
 __host__ __device__ constexpr int a_slot_bytes(bool nvfp4) { return nvfp4 ? A_SLOT : 2048; }
 __host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
@@ -252,13 +253,8 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     }
 
     if constexpr (!LOOP && WG_STAGED) { /* one tile per block: the rings are free once every warp's wgmma retired */
-        const int row0 = PHASE == PHASE_DOWN ? blockIdx.y * WG_ROWS : blockIdx.y * (WG_ROWS / 2);
-        __syncthreads();
-        gemm_epilogue<PHASE, nvfp4, 8, false, true>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup,
-                                                    col_code, col_scale, lane, smem, row0);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the rows, for the bulk stores */
-        __syncthreads();
-        staged_send<PHASE>(sh, L, peers, mine, first, ncols, col_code, smem, row0, tid);
+        staged_epilogue<PHASE, nvfp4, 8, false>(acc, sh, L, peers, mine, W, e, first, ncols, wgroup, col_code,
+                                                col_scale, lane, smem, blockIdx.y, tid, [] { __syncthreads(); });
         return;
     }
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code, col_scale,

@@ -39,7 +39,7 @@
 #ifndef WS_CAP_ALWAYS
 #define WS_CAP_ALWAYS 0
 #endif
-/* The one-item blocks' epilogue through shared memory and bulk stores (ws_staged_epilogue); 0: the
+/* The one-item blocks' epilogue through shared memory and bulk stores (staged_epilogue); 0: the
  * scattered stores of gemm_epilogue, as with LOOP. */
 #ifndef WS_STAGED
 #define WS_STAGED 1
@@ -60,6 +60,7 @@
 #define WS_CONSUMER_REGS "232"
 static_assert(MM_TILE_TOKENS == 64, "a block takes one or two tiles of the tile list");
 static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
+static_assert(MM_WS_ROWS == 256, "staged_epilogue's row blocks");
 
 template <bool NVFP4, int NTOK>
 struct ws_cfg {
@@ -159,30 +160,6 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
     it.first = ((const int32_t *)(mine + L.expert_offset))[it.e] + start;
     it.ncols = min(NTOK, ((const int32_t *)(mine + L.expert_count))[it.e] - start);
     return it;
-}
-
-/* The epilogue of a block's only item (LOOP false) through shared memory: once both consumer
- * warpgroups have retired their last wgmma (named barrier 1 over their 256 threads; the producer
- * issued nothing past the item, so every stage has landed and been read), each warp writes its
- * values into the ring's space (gemm_epilogue STAGED), fences them for the async proxy, and after a
- * second barrier consumer thread `ct` sends one token column's row (staged_send). Not with LOOP: the
- * producer is then filling the ring with the next item's steps during the epilogue. */
-template <int PHASE, bool NVFP4, int NTOK>
-__device__ __forceinline__ void ws_staged_epilogue(const float (&acc)[GROUPS_PER_WARP][NTOK / 2], const mm_dev_shape &sh,
-                                                   const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
-                                                   const mm_dev_weights &W, const ws_item &it, int wgroup,
-                                                   const int *col_code, const float *col_scale, uint8_t *stage, int ct,
-                                                   int lane) {
-    static_assert(NTOK * EPI_STAGE_ROW <= ws_cfg<NVFP4, NTOK>::stages * ws_cfg<NVFP4, NTOK>::stage_bytes,
-                  "the staged tile fits the ring");
-    const int row0 = PHASE == PHASE_DOWN ? it.rb * MM_WS_ROWS : it.rb * (MM_WS_ROWS / 2);
-    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both warpgroups' wgmma retired: the ring is free */
-    constexpr bool compact = WS_STAGED_COMPACT >= (PHASE == PHASE_DOWN ? 3 : NVFP4 ? 1 : 2);
-    gemm_epilogue<PHASE, NVFP4, NTOK / 8, compact, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
-                                                       (it.ncols + 7) / 8, wgroup, col_code, col_scale, lane, stage, row0);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* this thread's rows, for the bulk copies */
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    staged_send<PHASE>(sh, L, peers, mine, it.first, it.ncols, col_code, stage, row0, ct);
 }
 
 /* One process (LOOP false): one block per item of the launch's tile bound (blockIdx.x, in ws_decode's
@@ -399,8 +376,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         if (LOOP && lane == 0) mm_mbar_arrive(&empty[pos.back(1)]); /* the last step's stage */
         const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
         if constexpr (!LOOP && WS_STAGED) {
-            ws_staged_epilogue<PHASE, NVFP4, NTOK>(acc, sh, L, peers, mine, W, it, wgroup, col_code[0], col_scale[0],
-                                                   smem, c * 128 + t, lane);
+            /* The block's only item: the producer issued nothing past it, so every stage has landed
+             * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
+             * threads), been read. Not with LOOP: its producer fills the ring with the next item's
+             * steps during the epilogue. */
+            static_assert(NTOK * EPI_STAGE_ROW <= C::stages * C::stage_bytes, "the staged tile fits the ring");
+            constexpr bool compact = WS_STAGED_COMPACT >= (PHASE == PHASE_DOWN ? 3 : NVFP4 ? 1 : 2);
+            staged_epilogue<PHASE, NVFP4, NTOK / 8, compact>(
+                acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
+                it.rb, c * 128 + t, [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
             return;
         }
         gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,

@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "sm90_async.cuh" /* mm_bulk_store */
 #include "weight_layout.h"
 
 #define BK MM_FRAG_K            /* K per step: 64 */
@@ -324,7 +325,7 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
 /* STAGED (the ws and wgmma kernels' one-item blocks): the values go to shared memory instead, column
  * col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit act of
- * intermediate indices row0..), for the block's bulk stores (staged_send). */
+ * intermediate indices row0..), for the block's bulk stores (staged_epilogue). */
 #define EPI_STAGE_ROW 1040 /* 256 f32 or 128 16-bit values + 16 B: a column's 8 lanes (c) on other banks */
 template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false, bool STAGED = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
@@ -447,29 +448,26 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
     }
 }
 
-/* bytes (a multiple of 16; both addresses 16-byte aligned) from shared to global memory by the
- * bulk copy engine (TMA 1D), in this thread's bulk async-group; mm_bulk_store_drain commits the group
- * and waits until its sources have been read (the shared memory may then be reused, or the block
- * exit: the writes complete by the grid's end, as with CUTLASS's TMA-store epilogues). */
-__device__ __forceinline__ void mm_bulk_store(void *dst, const void *src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"((uint32_t)__cvta_generic_to_shared(src)),
-                 "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mm_bulk_store_drain() {
-    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
-/* After a one-tile block's STAGED epilogue (its 256 rows' values in `stage`, fenced for the async
- * proxy by the threads that wrote them, then a barrier over them): thread ct < ncols sends token
- * column ct's row with one bulk store -- 1 KB of f32 p (down) or 256 B of act (gate/up) -- instead of
- * one 4- or 2-byte scattered store per value, each down value with its own slot decode (ncu, session
- * 15 call 2, DSv3 T = 8192: the scattered epilogue was 56% of the ws down kernel's warp samples and
- * 34% of gate/up's). */
-template <int PHASE>
-__device__ __forceinline__ void staged_send(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                            uint8_t *mine, int first, int ncols, const int *col_code,
-                                            const uint8_t *stage, int row0, int ct) {
+/* A one-item block's epilogue through shared memory (the ws and wgmma kernels): once sync() has
+ * passed (every wgmma of the block retired, so its rings are free), the warps write their values
+ * into `stage` (gemm_epilogue STAGED: rows of EPI_STAGE_ROW bytes per token column of the block's 256
+ * rows, row block rb), fence them for the async proxy, and after a second sync() thread ct < ncols
+ * sends token column ct's row with one bulk store -- 1 KB of f32 p (down) or 256 B of act (gate/up) --
+ * instead of one 4- or 2-byte scattered store per value, each down value with its own slot decode
+ * (ncu, session 15 call 2, DSv3 T = 8192: the scattered epilogue was 56% of the ws down kernel's
+ * warp samples and 34% of gate/up's). sync: a barrier over the threads that hold accumulators. */
+template <int PHASE, bool nvfp4, int NT, bool COMPACT, class Sync>
+__device__ __forceinline__ void staged_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
+                                                const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
+                                                const mm_dev_weights &W, int e, int first, int ncols, int wgroup,
+                                                const int *col_code, const float *col_scale, int lane,
+                                                uint8_t *stage, int rb, int ct, Sync sync) {
+    const int row0 = PHASE == PHASE_DOWN ? rb * 256 : rb * 128;
+    sync();
+    gemm_epilogue<PHASE, nvfp4, NT, COMPACT, true>(acc, sh, L, peers, mine, W, e, first, ncols, (ncols + 7) / 8,
+                                                   wgroup, col_code, col_scale, lane, stage, row0);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* this thread's rows, for the bulk stores */
+    sync();
     if (ct >= ncols) return;
     uint8_t *dst;
     uint32_t bytes;
