@@ -338,36 +338,59 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
     const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
     if constexpr (PHASE == PHASE_DOWN) {
         const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, alpha2 = nvfp4 ? W.w2_alpha[e] : 1.0f;
-        /* Value i of group q: column (i >> 2) * 8 + 2c + (i & 1), row g + 8 ((i & 3) >> 1) of the group. */
-        auto store = [&](int q, int i, float p) {
-            const int col = (i >> 2) * 8 + 2 * c + (i & 1), h = (wgroup + q) * 16 + g + ((i & 3) >> 1) * 8;
+        /* Column j (0 .. 2 NT - 1) of this lane is token column (j >> 1) * 8 + 2c + (j & 1); its values
+         * v[2 q + r] = acc[q][(j >> 1) * 4 + 2 r + (j & 1)] are rows g + 8 r of group q. The column's p
+         * row is decoded once for its four values (decoded per value, with a peer-table load each, it
+         * was ~80 instructions a value: 17% of the streaming down kernel's warp samples at Qwen3-like
+         * T = 128, session 14 call 7). */
+        static_assert(GROUPS_PER_WARP == 2, "a column's four values: two groups, two rows each");
+        auto column = [&](int j, const float (&v)[GROUPS_PER_WARP * 2]) {
+            const int col = (j >> 1) * 8 + 2 * c + (j & 1);
             if (col >= ncols) return;
-            if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+            float *row;
+            int h0 = 0;
             if constexpr (STAGED) {
-                ((float *)(stage + col * EPI_STAGE_ROW))[h - row0] = p;
-                return;
+                row = (float *)(stage + col * EPI_STAGE_ROW);
+                h0 = row0;
+            } else {
+                const slot_info si = decode_slot(sh, col_code[col]);
+                row = (float *)(peers[si.src] + L.p) + ((size_t)si.token * sh.K + si.slot) * sh.H;
             }
-            const slot_info si = decode_slot(sh, col_code[col]);
-            ((float *)(peers[si.src] + L.p))[((size_t)si.token * sh.K + si.slot) * sh.H + h] = p;
-        };
-        if constexpr (COMPACT) {
-            float v[GROUPS_PER_WARP * NT * 4];
-#pragma unroll
-            for (int j = 0; j < GROUPS_PER_WARP * NT * 4; j++) v[j] = acc[j / (NT * 4)][j % (NT * 4)];
-#pragma unroll 1
-            for (int j = 0; j < GROUPS_PER_WARP * NT * 4; j++) { /* value j % (4 NT) of group j / (4 NT) in v[0] */
-                store(j / (NT * 4), j % (NT * 4), v[0]);
-                rotate_left(v);
-            }
-        } else {
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    if (nt >= ntiles_n) break;
-#pragma unroll
-                    for (int j = 0; j < 4; j++) store(q, nt * 4 + j, acc[q][nt * 4 + j]);
+                for (int r = 0; r < 2; r++) {
+                    float p = v[2 * q + r];
+                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+                    row[(wgroup + q) * 16 + g + 8 * r - h0] = p;
                 }
+        };
+        if constexpr (COMPACT) {
+            float v[GROUPS_PER_WARP * NT * 4]; /* column j's four values at 4 j */
+#pragma unroll
+            for (int j = 0; j < 2 * NT; j++)
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) v[4 * j + 2 * q + r] = acc[q][(j >> 1) * 4 + 2 * r + (j & 1)];
+#pragma unroll 1
+            for (int j = 0; j < 2 * NT; j++) { /* column j's values in v[0..3] */
+                const float cv[GROUPS_PER_WARP * 2] = {v[0], v[1], v[2], v[3]};
+                column(j, cv);
+#pragma unroll
+                for (int k = 0; k < GROUPS_PER_WARP * 2; k++) rotate_left(v);
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (nt >= ntiles_n) break;
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const float cv[GROUPS_PER_WARP * 2] = {acc[0][nt * 4 + half], acc[0][nt * 4 + 2 + half],
+                                                           acc[1][nt * 4 + half], acc[1][nt * 4 + 2 + half]};
+                    column(2 * nt + half, cv);
+                }
+            }
         }
     } else {
         /* Rows g (gate) and g+8 (up) of group q are intermediate index i = 8 * group + g. The warp's two
