@@ -183,6 +183,14 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                         load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
             }
             const uint16_t *bs = Bs + buf * (BN * LDB) + (kc - kb) * BK;
+            /* BF16 gate/up: the step's sums in part, added into acc in f32 (bf16_promote) */
+            constexpr bool promote = bf16_promote<PHASE, nvfp4>();
+            float part[GROUPS_PER_WARP][promote ? 32 : 1];
+            if constexpr (promote)
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                    for (int i = 0; i < 32; i++) part[q][i] = 0.0f;
 #pragma unroll
             for (int s = 0; s < BK / 16; s++) {
                 uint32_t a[GROUPS_PER_WARP][4];
@@ -192,9 +200,18 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                     if (nt >= ntiles_n) break;
                     const uint16_t *brow = bs + (nt * 8 + g) * ldb + 16 * s + 2 * c;
                     const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) mma16816(&acc[q][nt * 4], a[q], b0, b1, !nvfp4);
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                        float *d = &acc[q][nt * 4];
+                        if constexpr (promote) d = &part[q][nt * 4];
+                        mma16816(d, a[q], b0, b1, !nvfp4);
+                    }
                 }
             }
+            if constexpr (promote)
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                    for (int i = 0; i < 32; i++) acc[q][i] = mm_add(acc[q][i], part[q][i]);
         }
         if (kb_end < kc1) store_b(br, ncols, Bs + (buf ^ 1) * (BN * LDB), ldb, shift, (kc1 - kb_end) * BK);
         __syncthreads();

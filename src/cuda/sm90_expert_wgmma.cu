@@ -189,6 +189,16 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     };
 
     float acc[GROUPS_PER_WARP][32]; /* the first k16 step writes them (accumulate = 0) */
+    /* BF16 gate/up (bf16_promote): each step's wgmma chain goes into part, added into acc in f32 once
+     * it retired -- a wait for the step's own wgmma, not the previous one's (BF16 runs this kernel only
+     * when MEGAMOE_GEMM forces it: gemm_choice takes ws64 / ws or mma.sync). */
+    constexpr bool promote = bf16_promote<PHASE, nvfp4>();
+    float part[GROUPS_PER_WARP][promote ? 32 : 1];
+    if constexpr (promote)
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 32; i++) acc[q][i] = 0.0f;
 
     /* One K step. The A registers are read by the wgmma asynchronously: those of step kc - 1
      * (prev) stay untouched, and live for the compiler, until wait_group 1 has retired that step;
@@ -213,12 +223,23 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             const uint64_t db = smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                if constexpr (decltype(nw)::value == 64) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
-                else wgmma_rs_narrow<decltype(nw)::value, nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+                float *d = acc[q];
+                int accumulate = kc > kc0 || s > 0;
+                if constexpr (promote) d = part[q], accumulate = s > 0;
+                if constexpr (decltype(nw)::value == 64) wgmma_rs<nvfp4>(d, a[q][s], db, accumulate);
+                else wgmma_rs_narrow<decltype(nw)::value, nvfp4>(d, a[q][s], db, accumulate);
             }
         }
         wgmma_commit();
-        wgmma_wait<1>();
+        if constexpr (promote) {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < 32; i++) acc[q][i] = mm_add(acc[q][i], part[q][i]);
+        } else {
+            wgmma_wait<1>();
+        }
         keep_alive(prev);
     };
     a_regs a0, a1;

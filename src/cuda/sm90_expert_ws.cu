@@ -321,6 +321,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
+    /* BF16 gate/up (bf16_promote): the four k16 steps of a group and 64 tokens go into part (m64n64),
+     * added into acc in f32 once they retired; the group / token-half pairs in turn (a part of both
+     * groups, or of 128 tokens, spilled at NTOK 128: 392 B of stack), the other consumer warpgroup
+     * keeping the tensor cores busy meanwhile. */
+    constexpr bool promote = bf16_promote<PHASE, NVFP4>();
+    float part[promote ? 32 : 1];
     ws_ring_pos<C::stages> pos; /* runs on across the block's items */
     auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
         const int s = LOOP ? pos.s : kc % C::stages;
@@ -347,15 +353,30 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         } else {
             /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
              * at 8-row block 8 q of piece row (k, h = 0); LBO 2 KB (k half), SBO 128 B (8 rows). */
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < 4; k++)
+            auto a_desc = [&](int q, int k) { return smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128); };
+            if constexpr (promote) {
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
-                    ws_wgmma_ss_bf16<NTOK>(acc[q], smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128), db + 2 * k,
-                                           kc > 0 || k > 0);
+#pragma unroll
+                    for (int h = 0; h < NTOK / 64; h++) { /* tokens 64 h.. : 64 rows of 128 B further (512 x 16 B) */
+                        wgmma_fence();
+#pragma unroll
+                        for (int k = 0; k < 4; k++) ws_wgmma_ss_bf16<64>(part, a_desc(q, k), db + 512 * h + 2 * k, k > 0);
+                        wgmma_commit();
+                        wgmma_wait<0>();
+#pragma unroll
+                        for (int i = 0; i < 32; i++) acc[q][32 * h + i] = mm_add(acc[q][32 * h + i], part[i]);
+                    }
+            } else {
+                wgmma_fence();
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int q = 0; q < GROUPS_PER_WARP; q++)
+                        ws_wgmma_ss_bf16<NTOK>(acc[q], a_desc(q, k), db + 2 * k, kc > 0 || k > 0);
+            }
         }
-        wgmma_commit();
+        wgmma_commit(); /* (promote: an empty group, everything has retired) */
         wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
         if constexpr (NVFP4) keep_alive(prev);
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[LOOP ? pos.back(1) : (kc - 1) % C::stages]);
@@ -364,6 +385,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     walk([&](const ws_item &it) {
         /* nkc is even (H and I are multiples of 256; the launcher checks). */
         a_regs a0, a1;
+        if constexpr (promote)
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < NTOK / 2; i++) acc[q][i] = 0.0f;
         for (int kc = 0; kc < nkc; kc += 2) {
             kstep(kc, a0, a1);
             kstep(kc + 1, a1, a0);

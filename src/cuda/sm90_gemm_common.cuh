@@ -26,6 +26,23 @@
 
 enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
+/* BF16 gate/up: each 64-wide K step's tensor-core sums go into a fresh accumulator, added into the
+ * running f32 sums with a round-to-nearest FADD, instead of one tensor-core chain over all of H. The
+ * tensor cores' accumulation truncates (dev/sm90_accum_probe.cu: a bias toward zero growing with the
+ * chain), and SPEC's a = bf16_rn(silu(g) . u) and y = bf16_rn(...) amplify an f32-level difference d
+ * in g, u to about sqrt(d . 2^-8) in y: one chain put test_gpu's BF16 cases at 9.7e-4 to 1.08e-3 of
+ * the 1e-3 bound against the CPU (MEGAMOE_TEST_SEED 0-4), a chain per K step at most 3.9e-4 in an
+ * emulation of the arithmetic (docs/DECISIONS.md 85). The down projection's chain (over I, after the
+ * rounding of a) moves y far less and keeps one chain; NVFP4 keeps one chain (its down input is
+ * quantized to E2M1 with a static scale, and its cases sit at 6e-4 or less). 0 turns it off. */
+#ifndef MM_BF16_PROMOTE
+#define MM_BF16_PROMOTE 1
+#endif
+template <int PHASE, bool NVFP4>
+constexpr bool bf16_promote() {
+    return MM_BF16_PROMOTE && !NVFP4 && PHASE == PHASE_GATE_UP;
+}
+
 /* Where a gate/up column reads its 16-bit activation row: the staged token on its home rank (x_f16 or
  * x at row `token` of peers[src]), or where the ranks gathered (g = rank_gathered) rank me's own copy
  * at the slot's row (L.xg, sm90_gather_kernel). Its scale s is the routing's per-row copy, slot_scale. */
