@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
      * it retired -- a wait for the step's own wgmma, not the previous one's (BF16 runs this kernel only
      * when MEGAMOE_GEMM forces it: gemm_choice takes ws64 / ws or mma.sync). */
     constexpr bool promote = bf16_promote<PHASE, nvfp4>();
-    float part[GROUPS_PER_WARP][promote ? 32 : 1];
+    float part[promote ? 32 : 1];
     if constexpr (promote)
 #pragma unroll
         for (int q = 0; q < GROUPS_PER_WARP; q++)
@@ -216,31 +216,37 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
 #pragma unroll
             for (int s = 0; s < 4; s++) decode_a<nvfp4>(cur[q], s, a[q][s]);
         const uint8_t *bslot = bring + (kc % WG_STAGES) * B_SLOT;
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            /* k16 step s: K core-matrix columns 2s, 2s + 1 */
-            const uint64_t db = smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
+        /* k16 step s: K core-matrix columns 2s, 2s + 1 */
+        auto db_at = [&](int s) { return smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128); };
+        if constexpr (promote) {
+            /* A group's four k16 steps into part, added into acc once retired; the groups in turn. Every
+             * wgmma has retired at the end, so neither A register set needs keeping (with both kept
+             * and a part per group: 254 registers, a block too large to run beside test_gpu's occupier). */
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                float *d = acc[q];
-                int accumulate = kc > kc0 || s > 0;
-                if constexpr (promote) d = part[q], accumulate = s > 0;
-                if constexpr (decltype(nw)::value == 64) wgmma_rs<nvfp4>(d, a[q][s], db, accumulate);
-                else wgmma_rs_narrow<decltype(nw)::value, nvfp4>(d, a[q][s], db, accumulate);
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < 4; s++) wgmma_rs<nvfp4>(part, a[q][s], db_at(s), s > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++) acc[q][i] = mm_add(acc[q][i], part[i]);
             }
-        }
-        wgmma_commit();
-        if constexpr (promote) {
-            wgmma_wait<0>();
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                for (int i = 0; i < 32; i++) acc[q][i] = mm_add(acc[q][i], part[q][i]);
         } else {
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const uint64_t db = db_at(s);
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    if constexpr (decltype(nw)::value == 64) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+                    else wgmma_rs_narrow<decltype(nw)::value, nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+                }
+            }
+            wgmma_commit();
             wgmma_wait<1>();
+            keep_alive(prev);
         }
-        keep_alive(prev);
     };
     a_regs a0, a1;
 #pragma unroll
@@ -263,8 +269,10 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
         k_loop(std::integral_constant<int, 64>());
     }
     wgmma_wait<0>();
-    keep_alive(a0);
-    keep_alive(a1);
+    if constexpr (!promote) {
+        keep_alive(a0);
+        keep_alive(a1);
+    }
 
     if (SPLIT && splits > 1) { /* 64 KB per block and split: two workspace entries (plan_wgmma_splits) */
         const size_t entry = (size_t)blockIdx.y * wplan.ws_tiles + tile;
