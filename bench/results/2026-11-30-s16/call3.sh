@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 16, call 1 (nvidia-h200-x2, carry .devpack, timeout_s 600). main (staged) = wip/bf16-promote:
+# Session 16, call 3 (nvidia-h200-x2, carry .devpack, timeout_s 600). main (staged) = wip/bf16-promote:
 # BF16 gate/up adds each 64-wide K step's tensor-core sums into f32 accumulators (MM_BF16_PROMOTE 1,
 # DECISIONS 85); m0 = the same with -DMM_BF16_PROMOTE=0 (main before it). Builds:
 #   bash bench/stage_device.sh && bash bench/build_variants.sh "m0=-DMM_BF16_PROMOTE=0" && bash bench/pack_devbin.sh
