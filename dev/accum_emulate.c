@@ -1,6 +1,6 @@
 /*
- * bf16_accum_emulate.c -- an experiment, not part of the library: test_gpu's BF16 grid case on the
- * CPU, the CPU backend's y against an emulation of the GPU kernels' arithmetic (DECISIONS 85).
+ * accum_emulate.c -- an experiment, not part of the library: a test_gpu grid case on the CPU, the
+ * CPU backend's y against an emulation of the GPU kernels' arithmetic (DECISIONS 85, 88).
  * The emulation: every 16-element dot product exact (double), added into an f32 accumulator that
  * rounds toward zero -- the tensor cores' accumulation (dev/sm90_accum_probe.cu: a bias toward zero)
  * -- over all of K as one chain, or with the chain's sums added into a round-to-nearest f32
@@ -15,9 +15,9 @@
  * scales, E2M1 codes) and the down input quantized with the static a2, as the CPU backend does;
  * the dot products over the decoded values (x / s and the E2M1 x E4M3 weights, exact products),
  * scaled by s and the global scales afterwards, as both backends do.
- *   usage: bf16_accum_emulate SEEDS {tc|f64} [E K H I T]     (defaults: 16 1 512 768 33)
+ *   usage: accum_emulate SEEDS {tc|f64} [E K H I T]     (defaults: 16 1 512 768 33)
  * Build from the repo root after the CPU build (cmake -B build-nocuda -DMEGAMOE_CUDA=OFF):
- *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Itests dev/bf16_accum_emulate.c tests/test_util.c \
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Itests dev/accum_emulate.c tests/test_util.c \
  *      build-nocuda/libmegamoe.a -lcmocka -ljansson -lm -fopenmp -o /tmp/emu && TCP=4 PHASE=1 /tmp/emu 64 tc
  */
 #include <math.h>
