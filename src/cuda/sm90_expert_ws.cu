@@ -322,9 +322,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
     /* BF16 gate/up (bf16_promote): the four k16 steps of a group and 64 tokens go into part (m64n64),
-     * added into acc in f32 once they retired; the group / token-half pairs in turn (a part of both
-     * groups, or of 128 tokens, spilled at NTOK 128: 392 B of stack), the other consumer warpgroup
-     * keeping the tensor cores busy meanwhile. */
+     * added into acc in f32 once they retired; the group / token-half pairs in turn, the other
+     * consumer warpgroup keeping the tensor cores busy meanwhile. A part of both groups does not fit
+     * the registers at NTOK 128, nor do two parts in flight (144 B of spills in the K loop); one of
+     * 128 tokens does once acc starts at zero (wip/bf16-promote-n128, two waits per step, to measure). */
     constexpr bool promote = bf16_promote<PHASE, NVFP4>();
     float part[promote ? 32 : 1];
     ws_ring_pos<C::stages> pos; /* runs on across the block's items */
