@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 16 for the next session (nvidia-h200-x2, carry .devpack, timeout_s 600; ~8.5 min
 # plus the start; on one H200 run it as PART=0 then PART=1, two calls). Builds (packed in .devpack at
-# session 16's end; rebuild with):
+# session 16's end with call6.sh's; rebuild with):
 #   bash bench/stage_device.sh && TESTS=1 bash bench/build_variants.sh "n128@wip/bf16-promote-n128=" && bash bench/pack_devbin.sh
 # 1. bench/full_suite.sh on main (8b6678b or later: the promoted BF16 gate/up of DECISIONS 85 and the
 #    column decode of DECISIONS 86 together, every test mode and sanitizer, both tables on one build).
