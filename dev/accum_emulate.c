@@ -65,19 +65,20 @@ static double dot(const double *a, const double *b, int n, int phase_bit) {
     return (double)(sum + chain);
 }
 
+/* Element i of packed E2M1 codes (element 2j the low nibble of byte j) times its block scale sf. */
+static double fp4_value(const uint8_t *codes, size_t i, float sf) {
+    return (double)mm_e2m1_to_f32((uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 15)) * sf;
+}
+
 /* Expert e's weights decoded to double: w13 [2I, H], w2 [H, I] (NVFP4 without the global scales). */
 static void decode_expert(const tu_model *m, int nvfp4, int e, int H, int I, double *w13, double *w2) {
     for (size_t i = 0; i < (size_t)2 * I * H; i++) {
         const size_t g = (size_t)e * 2 * I * H + i;
-        w13[i] = nvfp4 ? (double)mm_e2m1_to_f32((uint8_t)((m->w13[g / 2] >> (4 * (g & 1))) & 15)) *
-                             mm_e4m3_to_f32(m->w13_sf[g / 16])
-                       : tu_f32(m->w13_bf16[g]);
+        w13[i] = nvfp4 ? fp4_value(m->w13, g, mm_e4m3_to_f32(m->w13_sf[g / 16])) : tu_f32(m->w13_bf16[g]);
     }
     for (size_t i = 0; i < (size_t)H * I; i++) {
         const size_t g = (size_t)e * H * I + i;
-        w2[i] = nvfp4 ? (double)mm_e2m1_to_f32((uint8_t)((m->w2[g / 2] >> (4 * (g & 1))) & 15)) *
-                            mm_e4m3_to_f32(m->w2_sf[g / 16])
-                      : tu_f32(m->w2_bf16[g]);
+        w2[i] = nvfp4 ? fp4_value(m->w2, g, mm_e4m3_to_f32(m->w2_sf[g / 16])) : tu_f32(m->w2_bf16[g]);
     }
 }
 
@@ -98,7 +99,7 @@ static float token_x(const uint16_t *x, int H, int nvfp4, double *xr) {
         uint8_t codes[8];
         for (int i = 0; i < 16; i++) block[i] = tu_f32(x[b * 16 + i]);
         const float sf = mm_e4m3_to_f32(mm_quantize_block16(block, s, codes));
-        for (int i = 0; i < 16; i++) xr[b * 16 + i] = (double)mm_e2m1_to_f32((uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 15)) * sf;
+        for (int i = 0; i < 16; i++) xr[b * 16 + i] = fp4_value(codes, (size_t)i, sf);
     }
     return s;
 }
@@ -165,8 +166,7 @@ int main(int argc, char **argv) {
                             continue;
                         }
                         const float sf = mm_e4m3_to_f32(mm_quantize_block16(block, a2, codes));
-                        for (int i = 0; i < 16; i++)
-                            a[b * 16 + i] = (double)mm_e2m1_to_f32((uint8_t)((codes[i / 2] >> (4 * (i & 1))) & 15)) * sf;
+                        for (int i = 0; i < 16; i++) a[b * 16 + i] = fp4_value(codes, (size_t)i, sf);
                     }
                     double *pr = p + ((size_t)t * K + k) * H, ss = 0;
                     for (int h = 0; h < H; h++) {
