@@ -128,6 +128,7 @@ int main(int argc, char **argv) {
         c.name = "emu";
         c.num_experts = E, c.top_k = K, c.hidden_size = H, c.intermediate_size = I;
         c.max_tokens = T, c.format = fmt;
+        if (nvfp4) c.activations = MEGAMOE_ACTIVATIONS_NVFP4; /* the emulation is of SPEC §3 */
         tu_model m; /* test_gpu.c run_case's model and inputs */
         tu_model_random(&m, &c, 1, seed((uint64_t)(E * 131 + H + T + fmt)));
         tu_inputs in;

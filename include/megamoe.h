@@ -153,6 +153,13 @@ typedef enum megamoe_weight_format {
     MEGAMOE_FORMAT_BF16 = 1
 } megamoe_weight_format;
 
+/* What an NVFP4 layer does with its activations (SPEC §3b). Values are pinned; BF16 is 0 so that a
+ * zeroed config gets the default. A BF16-weight layer accepts only MEGAMOE_ACTIVATIONS_BF16. */
+typedef enum megamoe_activations {
+    MEGAMOE_ACTIVATIONS_BF16 = 0, /* never quantized: NVFP4 weights x BF16 activations (W4A16)     */
+    MEGAMOE_ACTIVATIONS_NVFP4 = 1 /* quantized to NVFP4 per token (and the down input with a2): §3 */
+} megamoe_activations;
+
 typedef struct megamoe_layer_config {
     const char *name;      /* layer name used in messages, e.g. "model.layers.3.mlp"; copied */
     int num_experts;       /* E, global; E % R == 0                                      */
@@ -161,6 +168,8 @@ typedef struct megamoe_layer_config {
     int intermediate_size; /* I, per expert, multiple of 256                             */
     int max_tokens;        /* T_max, tokens per rank per forward, >= 1                    */
     megamoe_weight_format format;
+    megamoe_activations activations; /* NVFP4 layers: BF16 (default, SPEC §3b) or NVFP4 (§3);
+                                        BF16 layers: BF16 only                                  */
     float norm_eps;         /* post-expert RMSNorm epsilon, > 0 (default 1e-6)             */
     int norm_zero_centered; /* gamma = weight + norm_gain_center (folded at finalize)      */
     float norm_gain_center; /* default 1.0                                                */

@@ -166,6 +166,12 @@ struct megamoe_layer {
     char error[MM_ERR_LEN];
 };
 
+/* Whether the layer quantizes its activations to NVFP4 (SPEC §3): NVFP4 weights with
+ * activations=NVFP4. BF16 layers and NVFP4 layers in W4A16 mode (§3b) keep them bf16. */
+static inline int mm_layer_quantizes_activations(const megamoe_layer *l) {
+    return l->config.format == MEGAMOE_FORMAT_NVFP4 && l->config.activations == MEGAMOE_ACTIVATIONS_NVFP4;
+}
+
 /* Sets the layer's message, prefixed with the layer name; returns status. */
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
