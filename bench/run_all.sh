@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole benchmark comparison of issue 3 on the GPU machine, in one command (after
-# bench/stage_device.sh here): megamoe for the three shapes, both formats, T in 1..8192, then the
+# bench/device/stage.sh here): megamoe for the three shapes, both formats, T in 1..8192, then the
 # PyTorch baseline. Logs go to $OUT (or ./device-out).
 #   usage: bash bench/run_all.sh [TOKENS]      e.g. bash bench/run_all.sh 1,8,32,128,512,2048,8192
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-. bench/device_env.sh
+. bench/device/env.sh
 TOKENS=${1:-1,8,32,128,512,2048,8192}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 for fmt in nvfp4 bf16; do
