@@ -1,7 +1,7 @@
 # Sourced by the GPU-machine scripts (from the repo root): the libraries staged in .devbin/libs, and
 # NCCL 2.28.9 from the PyTorch wheel first on the loader path (the system copy, 2.28.3, lacks parts
 # of the device API the binaries were built against).
-NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$PWD/.devbin/libs:${NCCL_DIR:+$NCCL_DIR/lib:}${LD_LIBRARY_PATH:-}"
 # The GEMM kernel modes test_gpu runs in (MEGAMOE_GEMM=...): chosen per forward, then each forced.
 KERNEL_MODES=${KERNEL_MODES:-auto mma wgmma stream ws ws64}
