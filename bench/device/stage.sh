@@ -17,4 +17,6 @@ cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
 # evidence for the kernels racecheck leaves out (env.sh).
 nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Iinclude -Isrc -Isrc/cuda \
   dev/sm90_racecheck_probe.cu -o .devbin/sm90_racecheck_probe
+# What was built, for the benchmark records (the GPU machine gets the tree without its git history).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include tools || echo -dirty)" > .devbin/COMMIT
 du -sh .devbin
