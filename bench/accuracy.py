@@ -12,7 +12,8 @@ NVFP4 checkpoint. No post-expert norm. The reference: y = Σ_k w_k · W2_e (silu
 float64 from the BF16 weights. Also printed: the NVFP4 checkpoint computed exactly with BF16 activations
 (float64; the floor of any W4A16 implementation of it). The target (issue 23): NVFP4 with BF16 activations no further from the
 model than Humming. Runs on the CPU backend too (`--backend cpu`, small shapes: `--shapes tiny`).
-Needs numpy; Humming needs torch and the humming-kernels wheel (skipped, and said so, without them).
+Needs numpy; Humming needs torch and humming-kernels, installed or as the wheel in .whl/ (skipped, and
+said so, without them).
 """
 import argparse
 import json
@@ -173,8 +174,6 @@ def w4a16_ideal(stacked, x, ids, w):
 
 def humming_y(ck, prefix, E, x, ids, w):
     import torch
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
     from humming_moe import HummingMoE
 
     w13, s13, g13, w2, s2, g2 = stacked_nvfp4(ck, prefix, E)
@@ -241,9 +240,13 @@ def main():
         if a.no_humming:
             continue
         try:
-            import humming  # noqa: F401
             import torch  # noqa: F401
-        except ImportError as err:
+
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+            from humming_moe import ensure_humming
+
+            ensure_humming()
+        except (ImportError, subprocess.CalledProcessError) as err:
             print(f"accuracy {name}: Humming not run ({err})", flush=True)
             continue
         report(name, "Humming (NVFP4 weights, BF16 act.)", rel_l2(humming_y(fp4, prefix, E, x, ids, w), ref))

@@ -27,6 +27,33 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import records as R  # noqa: E402
 
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def ensure_humming():
+    """Imports humming; where it is not installed, installs the wheel carried in .whl/ into
+    /tmp/humming-site (the GPU machine has no network). Its JIT cache defaults to .whl/humming-cache."""
+    os.environ.setdefault("HUMMING_CACHE_DIR", os.path.join(REPO, ".whl", "humming-cache"))
+    try:
+        import humming
+        return humming
+    except ImportError:
+        pass
+    import glob
+    import subprocess
+
+    wheels = sorted(glob.glob(os.path.join(REPO, ".whl", "humming_kernels-*.whl")))
+    if not wheels:
+        raise ImportError("humming is not installed and no .whl/humming_kernels-*.whl is here "
+                          "(python3 -m pip download --no-deps humming-kernels==0.1.20 -d .whl)")
+    site = "/tmp/humming-site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", site, wheels[-1]], check=True)
+    sys.path.insert(0, site)
+    import humming
+    return humming
+
+
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
@@ -194,7 +221,7 @@ def main():
     ap.add_argument("--json", help="append records (bench/records.py) to this file")
     ap.add_argument("--date", default=time.strftime("%Y-%m-%d", time.gmtime()))
     a = ap.parse_args()
-    import humming
+    humming = ensure_humming()
 
     gpu = torch.cuda.get_device_name()
     ver = getattr(humming, "__version__", "?")
