@@ -60,7 +60,9 @@ fi
 summary() {
   case $1 in
   test) grep -E '^\[  (PASSED|FAILED)' "$2" | tr '\n' ' ' ;;
-  san | probe) grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$2" | tail -n 1 ;;
+  san) echo "$(grep -E '(ERROR|RACECHECK) SUMMARY' "$2" | grep -v 'not printed' | tail -n 1 | sed 's/^=* *//')" \
+    "$(grep -E '^\[  (PASSED|FAILED)' "$2" | tr '\n' ' ')" ;;
+  probe) grep -E '(ERROR|RACECHECK) SUMMARY' "$2" | grep -v 'not printed' | tail -n 1 | sed 's/^=* *//' ;;
   *) tail -n 1 "$2" ;;
   esac
 }
