@@ -37,9 +37,7 @@ struct mm_dev_shape {
  * NVFP4, T_max 8192 (session 9 call 2, ms per layer, gathering only from 1024 against always): per
  * rank T = 1 (16 slot rows) 0.1846 vs 0.1947, T = 8 0.4977 vs 0.5106, T = 32 (256 rows) 0.9904 vs
  * 1.0012, T = 128 (~1024 rows, some forwards under) 1.5214 vs 1.4276 -- so from 512. */
-#ifndef MM_GATHER_MIN_SLOTS
 #define MM_GATHER_MIN_SLOTS 512
-#endif
 
 /* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */
 struct slot_info {

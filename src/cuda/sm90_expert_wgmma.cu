@@ -25,19 +25,12 @@
 #define WG_WARPS 8
 #define WG_THREADS (WG_WARPS * 32)
 #define WG_ROWS (WG_WARPS * GROUPS_PER_WARP * 16) /* 256 weight rows per block */
-#ifndef WG_STAGES
-#define WG_STAGES 5 /* pipeline slots (overridable for experiments: bench/build_variants.sh) */
-#endif
+#define WG_STAGES 5 /* pipeline slots */
 /* NVFP4: registers capped at 128 for 2 blocks (4 warpgroups) per SM. ptxas then serializes each
  * warpgroup's wgmma with its next step (C7511), but the other warpgroups fill the tensor cores:
  * measured on the H200, DSv3 T = 2048, 5.99 ms against 7.53 ms with 1 block of 155 registers. */
 #define WG_NVFP4_BLOCKS 2
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
-/* One process (a tile per block): the epilogue through shared memory and a bulk store per token
- * column (staged_epilogue); 0: a scattered store per value, as with LOOP. */
-#ifndef WG_STAGED
-#define WG_STAGED 1
-#endif
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
 static_assert(WG_ROWS == MM_WGMMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
 static_assert(WG_ROWS == 256, "staged_epilogue's row blocks");
@@ -74,13 +67,7 @@ __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t d
  * most NW tokens -- a tile is 64 tokens in the routing, but at 16-32 tokens per expert (DSv3 T =
  * 512, Mixtral T = 64-128) most hold 32 or fewer, and an m64n64 wgmma spends the tensor cores' time
  * on empty columns. The B descriptor is the 64-token tile's: N = 32 reads its first 4 core-matrix
- * groups. MM_WGMMA_NARROW: 0 = always N 64, 1 = N 32 when a tile holds <= 32 tokens, 2 (default) =
- * also N 16 for <= 16. H200, 2026-11-30 (session 10 call 1), NVFP4 ms, N 64 -> 2: DSv3 T = 512 3.415
- * -> 2.990, T = 1024 3.847 -> 3.640; Qwen3 T = 256 0.2628 -> 0.2445, T = 512 0.3211 -> 0.3151;
- * Mixtral T = 64 0.4993 -> 0.4322 (1 gave about half of each gain). */
-#ifndef MM_WGMMA_NARROW
-#define MM_WGMMA_NARROW 2
-#endif
+ * groups. N 32 for tiles of at most 32 tokens, N 16 for at most 16 (the gain: DECISIONS). */
 template <int NW, bool nvfp4>
 __device__ __forceinline__ void wgmma_rs_narrow(float *d, const uint32_t *a, uint64_t db, int accumulate) {
     static_assert(NW == 32 || NW == 16, "N 32 or 16");
@@ -262,8 +249,8 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     /* The tile's token count is the block's, so every warpgroup takes the same instruction N. NVFP4
      * in one process only: the NCCL (LOOP) forms spill with the extra loops, BF16 takes ws64 there. */
     if constexpr (nvfp4 && !LOOP) {
-        if (MM_WGMMA_NARROW >= 2 && ncols <= 16) k_loop(std::integral_constant<int, 16>());
-        else if (MM_WGMMA_NARROW >= 1 && ncols <= 32) k_loop(std::integral_constant<int, 32>());
+        if (ncols <= 16) k_loop(std::integral_constant<int, 16>());
+        else if (ncols <= 32) k_loop(std::integral_constant<int, 32>());
         else k_loop(std::integral_constant<int, 64>());
     } else {
         k_loop(std::integral_constant<int, 64>());
@@ -281,7 +268,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             return;
     }
 
-    if constexpr (!LOOP && WG_STAGED) { /* one tile per block: the rings are free once every warp's wgmma retired */
+    if constexpr (!LOOP) { /* one tile per block: the rings are free once every warp's wgmma retired */
         staged_epilogue<PHASE, nvfp4, 8, false>(acc, sh, L, peers, mine, W, e, first, ncols, wgroup, col_code,
                                                 col_scale, lane, smem, blockIdx.y, tid, [] { __syncthreads(); });
         return;

@@ -31,28 +31,7 @@
 #define WS_THREADS 384
 /* Tokens per block, the wgmma N (template NTOK): 128 (two 64-token tiles of the list: GEMM_WS) or
  * 64 (one tile: GEMM_WS64, for 16-64 tokens per expert, where the weights' bandwidth bounds). */
-#ifndef WS_LAG
 #define WS_LAG 2      /* K steps of token copies a producer thread keeps in flight before signalling */
-#endif
-/* Experiment and test knob (default off): the grid capped at one block per SM in one process too,
- * as with NCCL, so every block walks several items (the loop NCCL takes, on one GPU). */
-#ifndef WS_CAP_ALWAYS
-#define WS_CAP_ALWAYS 0
-#endif
-/* The one-item blocks' epilogue through shared memory and bulk stores (staged_epilogue); 0: the
- * scattered stores of gemm_epilogue, as with LOOP. */
-#ifndef WS_STAGED
-#define WS_STAGED 1
-#endif
-/* gemm_epilogue's COMPACT loop (not unrolled) in the staged epilogue: 1 NVFP4 gate/up (its SwiGLU and
- * block quantization unrolled over 32 columns is code enough to miss the instruction cache: 47% of
- * the scattered epilogue's samples were no_inst, session 15 call 2), 2 also BF16 gate/up, 3 also
- * down, 0 none. H200, session 15 calls 3-4, 2 (gate/up, both formats) against 0: NVFP4 Mixtral
- * T = 256 / 512 / 2048 / 8192 +1.6 / -6.4 / -2.1 / -2.1%, DSv3 T = 2048 / 8192 -1.3 / -1.2%
- * (Qwen3 takes the wgmma kernel); BF16 2-18% slower (Mixtral T = 8192 8.51 -> 10.03 ms). */
-#ifndef WS_STAGED_COMPACT
-#define WS_STAGED_COMPACT 1
-#endif
 /* Registers: 168 per thread at launch (384 x 168 = 63K of the SM's 64K), then 40 for the producer and
  * 232 for the consumers (128 x 40 + 256 x 232, the same 63K). At 216 for the consumers (a launch at
  * 160) ptxas serializes the wgmma (C7512). */
@@ -169,7 +148,7 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * the ring's stages run on (the block's step, not the item's, picks the stage and the phase);
  * the column codes and scales are double-buffered, the producer writing an item's buffer once the
  * consumers' epilogue of the item two before has let it go (colfree). Blocks never wait for each
- * other. (A walking grid on one GPU was measured slower: session 7, `WS_CAP_ALWAYS`.) */
+ * other. (A walking grid on one GPU is slower: DECISIONS.) */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
@@ -402,13 +381,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         }
         if (LOOP && lane == 0) mm_mbar_arrive(&empty[pos.back(1)]); /* the last step's stage */
         const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
-        if constexpr (!LOOP && WS_STAGED) {
+        if constexpr (!LOOP) {
             /* The block's only item: the producer issued nothing past it, so every stage has landed
              * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
             static_assert(NTOK * EPI_STAGE_ROW <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            constexpr bool compact = WS_STAGED_COMPACT >= (PHASE == PHASE_DOWN ? 3 : NVFP4 ? 1 : 2);
+            constexpr bool compact = PHASE == PHASE_GATE_UP && NVFP4; /* the compact loop: DECISIONS */
             staged_epilogue<PHASE, NVFP4, NTOK / 8, compact>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
                 it.rb, c * 128 + t, [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
@@ -480,7 +459,7 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
      * the items the device counted. An odd stride, so a block does not see only one parity of
      * tiles (the odd tiles are empty items). */
     int blocks = (rows / MM_WS_ROWS) * tiles;
-    const bool loop = sh.local_ranks < sh.R || WS_CAP_ALWAYS;
+    const bool loop = sh.local_ranks < sh.R;
     if (loop) {
         int sms = 0;
         MM_CUDA_TRY(mm_device_sms(&sms));

@@ -34,14 +34,10 @@ enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
  * the 1e-3 bound against the CPU (MEGAMOE_TEST_SEED 0-4), a chain per K step at most 3.9e-4 in an
  * emulation of the arithmetic (docs/DECISIONS.md 85). The down projection's chain (over I, after the
  * rounding of a) moves y far less and keeps one chain; NVFP4 keeps one chain (its worst case,
- * 8.47e-4, is E2M1 code flips of the down input, and promoting would cost its prefill speed).
- * 0 turns it off. */
-#ifndef MM_BF16_PROMOTE
-#define MM_BF16_PROMOTE 1
-#endif
+ * 8.47e-4, is E2M1 code flips of the down input, and promoting would cost its prefill speed). */
 template <int PHASE, bool NVFP4>
 constexpr bool bf16_promote() {
-    return MM_BF16_PROMOTE && !NVFP4 && PHASE == PHASE_GATE_UP;
+    return !NVFP4 && PHASE == PHASE_GATE_UP;
 }
 
 /* Where a gate/up column reads its 16-bit activation row: the staged token on its home rank (x_f16 or
@@ -300,7 +296,7 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
     __syncthreads(); /* the block's partial sums before thread 0's release */
     if (tid == 0) {
         mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
-        int *counter = counters + entry * MM_SPLITK_COUNTER_STRIDE;
+        int *counter = counters + entry;
         is_last = atomicAdd(counter, 1) == splits - 1;
         if (is_last) {
             *counter = 0;           /* ready for the next forward */
@@ -340,7 +336,7 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * caller that runs it once or a few times per block -- the streaming kernel at decode, where the
  * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
  * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
- * after their sums, all at one instant (session 11; MM_STREAM_COMPACT_EPILOGUE). */
+ * after their sums, all at one instant). */
 /* STAGED (the ws and wgmma kernels' one-item blocks): the values go to shared memory instead, column
  * col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit act of
  * intermediate indices row0..), for the block's bulk stores (staged_epilogue). */

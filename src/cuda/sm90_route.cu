@@ -14,12 +14,9 @@
 #include "common.cuh"
 #include "gemm_plan.h"
 
-#ifndef ROUTE_SMALL_SLOTS
 /* Slots of a forward routed by the one-kernel path: over it the chunked routing (count / scan / fill)
- * is faster -- Qwen3 T = 512 (4096 slots) -1.0% on H200, session 14; at 1024 and fewer the one kernel's
- * saved launches win (a bound of 128 made Qwen3 T = 32 / 128 5.9 / 3.7% slower). */
+ * is faster; at 1024 and fewer the one kernel's saved launches win (DECISIONS). */
 #define ROUTE_SMALL_SLOTS 1024
-#endif
 #define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
@@ -357,15 +354,12 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
 
 /* The forwards whose routing runs the one-kernel path, in the few-token regime of the NVFP4
  * streaming kernel (gemm_choice: <= 8 slots per expert), with more than one round of items per
- * block to even out (from 128 slots). MM_TILE_ORDER 0: never. */
-#ifndef MM_TILE_ORDER
-#define MM_TILE_ORDER 1
-#endif
+ * block to even out (from 128 slots). */
 static bool route_small(const mm_dev_shape &sh, long total_slots) {
     return sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS;
 }
 bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
-    return MM_TILE_ORDER && sh.nvfp4 && !sm90_stage_routes(sh, total_slots) && route_small(sh, total_slots) &&
+    return sh.nvfp4 && !sm90_stage_routes(sh, total_slots) && route_small(sh, total_slots) &&
            total_slots >= 128 && total_slots <= 8L * sh.E;
 }
 

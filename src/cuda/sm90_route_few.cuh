@@ -6,7 +6,6 @@
  */
 #pragma once
 #include "common.cuh"
-#include "trace.cuh"
 
 /* Slots of a forward routed by the stage kernel's last block (256 was measured slower than the
  * routing kernel: Qwen3 T=32 +3.5%). */
@@ -34,7 +33,6 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
         n += ns;
     }
     __syncthreads();
-    MM_KSTAMP(MM_K_STAGE, MM_KT_R_READ);
     for (int r = 0; r < sh.local_ranks; r++) {
         uint8_t *b = peers[sh.first_rank + r];
         const int lo = (sh.first_rank + r) * sh.E_r;
@@ -46,7 +44,6 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
             if (expert_of[j] >= 0 && local >= 0 && local < sh.E_r) atomicAdd(&hist[local], 1);
         }
         __syncthreads();
-        if (r == 0) MM_KSTAMP(MM_K_STAGE, MM_KT_R_COUNTED);
         /* Counts, offsets and tiles in expert order; hist[e] becomes the expert's first slot. */
         int32_t *count = (int32_t *)(b + L.expert_count);
         route_write_tiles(
@@ -56,7 +53,6 @@ __device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_l
                 hist[e] = off;
             });
         __syncthreads();
-        if (r == 0) MM_KSTAMP(MM_K_STAGE, MM_KT_R_TILES);
         /* Each slot at its expert's first slot plus the earlier slots of that expert. */
         int32_t *slots = (int32_t *)(b + L.slots);
         float *slot_scale = (float *)(b + L.slot_scale);

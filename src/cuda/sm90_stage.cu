@@ -5,11 +5,6 @@
  * One block per token, a thread per 16-value block.
  */
 #include "sm90_route_few.cuh"
-#include "trace.cuh"
-
-#ifndef MM_STAGE_ROUTE_WARP
-#define MM_STAGE_ROUTE_WARP 1 /* a one-token forward of one rank routes in a warp of the stage block */
-#endif
 
 /* The staging threads: the whole block (RW false), or all but the last warp of a one-token forward
  * whose last warp routes (RW true: sm90_stage_kernel); theirs is then named barrier 1 over nq
@@ -129,7 +124,6 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
     finite = stage_sync_and<RW>(nq, finite);
     amax = stage_max<RW>(amax, scratch, nq);
-    MM_KSTAMP(MM_K_STAGE, MM_KT_AMAX);
     stage_hand_over<RW>(h, nq, finite, sh.nvfp4 ? mm_activation_scale(amax) : 1.0f);
     if (!finite) {
         if (threadIdx.x == 0) state[t] = MM_TOKEN_POISONED;
@@ -176,15 +170,12 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
 template <bool RW>
 __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base,
                                   int rank, mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
-    MM_KSTAMP(MM_K_STAGE, MM_KT_ENTRY);
     mm_wait_previous();
-    MM_KSTAMP(MM_K_STAGE, MM_KT_WAITED);
     if (RW) {
         __shared__ stage_handoff handoff;
         const int nq = blockDim.x - 32;
         if ((int)threadIdx.x < nq) {
             stage_token<true>(sh, L, base, err_base, rank, a, nq, &handoff);
-            MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
             return;
         }
         /* The routing warp: the token's ids now (their latency beside the x loads), its liveness
@@ -203,7 +194,6 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
      * DECISIONS 70). */
     if (route_blocks > 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
-    MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
     if (route_blocks == 0) return;
     if (route_blocks == 1) {
         /* The only block (one token on one rank): no other block to count, and its own staged bytes
@@ -226,12 +216,8 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     }
     extern __shared__ int hist[];
     route_few_block(sh, L, peers, hist);
-    MM_KSTAMP(MM_K_STAGE, MM_KT_EXIT);
 }
 
-#if MM_STREAM_TRACE
-cudaError_t sm90_stage_trace_bind(unsigned long long *table) { return mm_ktrace_bind_here(table); }
-#endif
 
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
                                  uint8_t *err_base, int rank, const mm_dev_rank_args &a,
@@ -240,7 +226,7 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
     const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
     /* One token of one rank: a routing warp beside the staging threads (route_one_warp's bounds). */
-    const bool route_warp = MM_STAGE_ROUTE_WARP && route_blocks == 1 && sh.R == 1 && sh.K <= 32 &&
+    const bool route_warp = route_blocks == 1 && sh.R == 1 && sh.K <= 32 &&
                             sh.E_r <= ROUTE_WARP_EXPERTS && threads + 32 <= 1024;
     const size_t smem = route_blocks > 0 && !route_warp ? (size_t)sh.E_r * sizeof(int) : 0;
     if (route_warp)
