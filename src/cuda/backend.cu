@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.cuh"
+#include "launch.h"
 #include "../weight_layout.h"
 
 static thread_local char t_message[512];
@@ -20,18 +20,6 @@ megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file
 }
 
 const char *mm_cuda_last_message(void) { return t_message; }
-
-/* Makes the group's device current for the scope and restores the caller's afterwards. */
-struct device_scope {
-    int previous = -1;
-    explicit device_scope(int device) {
-        if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-        if (previous != device) cudaSetDevice(device);
-    }
-    ~device_scope() {
-        if (previous >= 0) cudaSetDevice(previous);
-    }
-};
 
 struct mm_cuda_group {
     int device;

@@ -55,6 +55,7 @@ MM_PLAN_FN int splitk_wanted(long slots, int E, int y, int nkc) {
     return sp < 8 ? sp : 8;
 }
 
+#define MM_MMA_ROWS 128 /* weight rows per mma.sync block: plan_splitk's row blocks (y = rows / 128) */
 MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
     const int ws_tiles = plan_tile_bound(slots, E);
     int sp = splitk_wanted(slots, E, y, nkc);

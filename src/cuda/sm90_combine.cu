@@ -17,7 +17,7 @@
  */
 #include <cooperative_groups.h>
 
-#include "common.cuh"
+#include "launch.h"
 
 namespace cg = cooperative_groups;
 

@@ -6,7 +6,7 @@
  *     4096 B of codes, one of its 512 B of scales (each one contiguous run of the kernel layout,
  *     weight_layout.h) and one of 128 B per token of the activations, into a ring of 8 slots
  *     completed by mbarriers; the ring runs on across items, so it never drains;
- *   - four consumer warps (32 rows each, as in sm90_expert_gemm.cu) wait on a slot, copy it into
+ *   - four consumer warps (32 rows each, as in sm90_expert_mma.cu) wait on a slot, copy it into
  *     registers, release it, decode and issue mma.sync m16n8k16; no block barrier anywhere.
  * A token tile of the routing (64 tokens) is taken 16 tokens at a time ("chunks"; decode tiles
  * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
@@ -35,8 +35,11 @@
  * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
  * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
  */
-#include "sm90_async.cuh"
-#include "sm90_gemm_common.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/fragments.cuh"
+#include "launch.h"
+#include "ptx/bulk_copy.cuh"
+#include "ptx/mbarrier.cuh"
 
 #define ST_WARPS MM_STREAM_WARPS     /* consumer warps (4); one producer warp more */
 #define ST_THREADS ((ST_WARPS + 1) * 32)
@@ -86,13 +89,6 @@ struct st_lay {
         return ring + s * slot + ST_CODES + ST_SCALES + (XG ? t * 8 : t * ST_XROW + 128);
     }
 };
-
-__device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Split-K partial sums: [split][slab][row of the rank's slots][128 rows of the slab] f32 in the
  * split-K workspace (plan_stream_splits keeps them inside it). */
@@ -222,7 +218,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     }
     /* Every copy of this block is issued: the next kernel may be scheduled (it waits for this one
      * before it reads what this one writes: st_wait_for_inputs, mm_wait_previous). */
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    mm_launch_dependents();
 }
 
 /* acc = the splits' partials of a lane's values i < NI added in split order (split 0 first: no
@@ -325,10 +321,8 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const uint8_t *row = lay::x(ring, slot) + (nt * 8 + (lane & 7)) * lay::xrow + 16 * ((lane >> 3) + 4 * hh);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(b[2 * hh][nt][0]), "=r"(b[2 * hh][nt][1]), "=r"(b[2 * hh + 1][nt][0]),
-                               "=r"(b[2 * hh + 1][nt][1])
-                             : "r"((uint32_t)__cvta_generic_to_shared(row)));
+                ldmatrix_x4(b[2 * hh][nt][0], b[2 * hh][nt][1], b[2 * hh + 1][nt][0], b[2 * hh + 1][nt][1],
+                            (uint32_t)__cvta_generic_to_shared(row));
             }
         __syncwarp();
         if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
@@ -339,7 +333,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
                 uint32_t a[4];
                 decode_a<true>(w[q], s, a);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) st_mma(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
+                for (int nt = 0; nt < NT; nt++) mma_m16n8k16<false>(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
             }
     }
 

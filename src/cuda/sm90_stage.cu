@@ -4,26 +4,22 @@
  * of x for BF16. Bad expert ids are counted and the first (rank, token, slot) kept.
  * One block per token, a thread per 16-value block.
  */
-#include "sm90_route_few.cuh"
+#include "launch.h"
+#include "ptx/barrier.cuh"
+#include "route.cuh"
 
 /* The staging threads: the whole block (RW false), or all but the last warp of a one-token forward
  * whose last warp routes (RW true: sm90_stage_kernel); theirs is then named barrier 1 over nq
  * threads. The RW-false instantiation is the plain block-barrier code. */
 template <bool RW> __device__ __forceinline__ void stage_sync(int nq) {
     if (RW)
-        asm volatile("bar.sync 1, %0;\n" ::"r"(nq) : "memory");
+        mm_bar_sync<1>(nq);
     else
         __syncthreads();
 }
 template <bool RW> __device__ __forceinline__ int stage_sync_and(int nq, int pred) {
     if (!RW) return __syncthreads_and(pred);
-    int r;
-    asm volatile("{\n.reg .pred p, q;\nsetp.ne.s32 p, %1, 0;\nbar.red.and.pred q, 1, %2, p;\nselp.s32 %0, 1, "
-                 "0, q;\n}\n"
-                 : "=r"(r)
-                 : "r"(pred), "r"(nq)
-                 : "memory");
-    return r;
+    return mm_bar_and<1>(nq, pred);
 }
 /* Max over the nq staging threads (a multiple of 32): warp maxima through scratch[32]. */
 template <bool RW> __device__ __forceinline__ float stage_max(float v, float *scratch /* [32] */, int nq) {
@@ -55,7 +51,7 @@ __device__ __forceinline__ void stage_hand_over(stage_handoff *h, int nq, int li
         h->live = live;
         h->scale = scale;
     }
-    asm volatile("bar.sync 2, %0;\n" ::"r"(nq + 32) : "memory");
+    mm_bar_sync<2>(nq + 32);
 }
 
 /* h: the routing warp's hand-off (RW: a one-token forward with a routing warp), else unused. */
@@ -183,7 +179,7 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
         const int lane = threadIdx.x & 31;
         int id = -1;
         if (a.T > 0 && lane < sh.K) id = a.ids[lane];
-        asm volatile("bar.sync 2, %0;\n" ::"r"(nq + 32) : "memory");
+        mm_bar_sync<2>(nq + 32);
         route_one_warp(sh, L, base, handoff.live ? id : -1, handoff.scale);
         return;
     }
@@ -192,7 +188,7 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
      * for this one's end while it quantizes and routes. Not for one token: measured 16% slower at
      * Qwen3-like T = 1; 1.6-3.2% faster at Mixtral- and DSv3-like T = 8 (H200, session 12;
      * DECISIONS 70). */
-    if (route_blocks > 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (route_blocks > 1) mm_launch_dependents();
     stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
     if (route_blocks == 0) return;
     if (route_blocks == 1) {

@@ -1,11 +1,69 @@
 /*
- * sm90_route_few.cuh -- the routing tables of a forward with few slots, built by one block: the same
- * tables and slot order as the route kernels (sm90_route.cu), for one process (every home rank's
- * staged tokens are local). The stage kernel's last block to finish runs it, so such a forward has
- * no routing kernel at all (sm90_stage.cu).
+ * route.cuh -- the routing tables' device building blocks: the block scan and the per-expert offsets
+ * and tile list every routing writes (route_write_tiles), and the two routings that run inside the
+ * stage kernel (sm90_stage.cu) so that a forward of few slots in one process has no routing kernel:
+ * one block over every staged slot (route_few_block) and one warp over a single token's ids
+ * (route_one_warp). Same tables, same slot order as the routing kernels of sm90_route.cu.
  */
 #pragma once
 #include "common.cuh"
+
+/* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
+__device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
+    __shared__ int warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+        if (lane >= o) incl += n;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = 0, sum = 0;
+    for (int w = 0; w < nwarps; w++) {
+        before += w < warp ? warp_sums[w] : 0;
+        sum += warp_sums[w];
+    }
+    *total = sum;
+    return before + incl - v;
+}
+
+/* One rank's expert offsets and tile list, in expert order, by one block (experts in chunks of
+ * blockDim.x with a block-wide scan), from the counts count_of(e); on_expert(e, count, offset) sees
+ * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start, tile_rows and num_tiles of
+ * buffer b. */
+template <typename CountOf, typename OnExpert>
+__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b,
+                                                  CountOf count_of, OnExpert on_expert) {
+    int32_t *offset = (int32_t *)(b + L.expert_offset);
+    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
+    int2 *tile_rows = (int2 *)(b + L.tile_rows);
+    int slot_base = 0, tile_base = 0;
+    for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
+        const int e = e0 + threadIdx.x;
+        const int n = e < sh.E_r ? count_of(e) : 0, tiles = (n + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
+        int slot_total, tile_total;
+        const int slot_off = block_exclusive_scan(n, &slot_total);
+        const int tile_off = block_exclusive_scan(tiles, &tile_total);
+        if (e < sh.E_r) {
+            offset[e] = slot_base + slot_off;
+            on_expert(e, n, slot_base + slot_off);
+            for (int i = 0; i < tiles; i++) {
+                tile_expert[tile_base + tile_off + i] = e;
+                tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
+                tile_rows[tile_base + tile_off + i] = make_int2(slot_base + slot_off + i * MM_TILE_TOKENS,
+                                                               min(MM_TILE_TOKENS, n - i * MM_TILE_TOKENS));
+            }
+        }
+        slot_base += slot_total;
+        tile_base += tile_total;
+    }
+    if (threadIdx.x == 0) {
+        offset[sh.E_r] = slot_base;
+        *(int32_t *)(b + L.num_tiles) = tile_base;
+    }
+}
 
 /* Slots of a forward routed by the stage kernel's last block (256 was measured slower than the
  * routing kernel: Qwen3 T=32 +3.5%). */
