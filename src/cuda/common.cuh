@@ -34,10 +34,7 @@ struct mm_dev_shape {
 };
 
 /* Across GPUs a rank gathers only from this many slot rows on: below, its gate/up reads the few remote
- * rows where they are (the gather kernel's copy and launch cost more at decode). Placed by EP2 DSv3
- * NVFP4, T_max 8192 (session 9 call 2, ms per layer, gathering only from 1024 against always): per
- * rank T = 1 (16 slot rows) 0.1846 vs 0.1947, T = 8 0.4977 vs 0.5106, T = 32 (256 rows) 0.9904 vs
- * 1.0012, T = 128 (~1024 rows, some forwards under) 1.5214 vs 1.4276 -- so from 512. */
+ * rows where they are (the gather kernel's copy and launch cost more at decode; DECISIONS 89). */
 #define MM_GATHER_MIN_SLOTS 512
 
 /* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */

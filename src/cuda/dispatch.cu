@@ -95,9 +95,8 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh_in, const mm_buffe
     const int wsp2 = nccl ? wgmma_splits_wanted(slots, sh.E, wy2, sh.I / BK) : plan_wgmma_splits(slots, sh.E, wy2, sh.I / BK).splits;
     /* The gate/up input in slot order (L.xg, where the layout holds it): always across GPUs (a remote
      * row then crosses NVLink once, not once per row block), and in one process when the
-     * warp-specialized kernels take gate/up (their token tile is then one TMA box per K step).
-     * Measured (H200, session 8 call 3, NVFP4, one GPU, gathered / not): Mixtral T = 2048 3.46 / 3.69
-     * ms, T = 8192 12.50 / 13.41; DSv3 T = 8192 16.69 / 17.06. The copy is exact: y is the same. */
+     * warp-specialized kernels take gate/up (their token tile is then one TMA box per K step;
+     * DECISIONS 89). The copy is exact: y is the same. */
     sh.gathered = L.xg != 0 && (nccl || k1 == GEMM_WS || k1 == GEMM_WS64);
     megamoe_status st = sh.gathered ? sm90_gather_launch(sh, L, peers, s) : MEGAMOE_OK;
     if (st == MEGAMOE_OK)

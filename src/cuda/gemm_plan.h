@@ -1,7 +1,9 @@
 /*
  * gemm_plan.h -- the decisions a forward's expert GEMMs take from the group's slot count and the
- * shape only (so y does not depend on R or on the number of GPUs): the split-K plans of the
- * mma.sync and streaming kernels and the choice between the kernels. Plain C as well as CUDA, so
+ * shape only (so y does not depend on R or on the number of GPUs): the choice between the kernels
+ * (dispatch.cu's table), the split-K plans of the mma.sync, wgmma and streaming kernels, the
+ * streaming kernel's variants, the warp-specialized kernel's block order and the streaming kernel's
+ * tile order. Plain C as well as CUDA, so
  * the host tests check their invariants (tests/test_plan.c), among them that the partial sums they
  * plan fit the split-K workspace.
  */
@@ -64,10 +66,10 @@ MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
     return plan;
 }
 
-/* Which kernel runs the expert GEMMs of a forward: for NVFP4 the streaming kernel up to 8 tokens per
- * expert on average, wgmma above; for BF16 wgmma when the experts average 4 tokens or more and no K
- * split is planned (measured: wgmma already matches mma.sync at 4 and wins from 16), mma.sync below.
- * A function of the global token count and the shape only, like the split-K plans, so y does not
+/* Which kernel runs the expert GEMMs of a forward (dispatch.cu's table): NVFP4 the streaming kernel
+ * up to 8 tokens per expert on average, then wgmma, the warp-specialized kernel on 64-token blocks
+ * (ws64) where both K are long, and on 128-token blocks (ws) from 64 per expert; BF16 mma.sync below
+ * 4 tokens per expert, ws64 from 4, ws from 64 where mma.sync plans no K split. A function of the global token count and the shape only, like the split-K plans, so y does not
  * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
  * and benchmarks) overrides it for every rank. The values are those of megamoe_gemm_kernel. */
 enum {

@@ -23,14 +23,14 @@
  * partial sums, fences and counts itself in for its (tile, slab) rows; the warp that comes last adds
  * the splits in split order (deterministic, so y stays bitwise independent of R and of the number
  * of GPUs) and runs the epilogue. The fence and returning atomic stall a warp ~2 us, once per item:
- * once per block at most with this plan (with 4 items per block it cost Mixtral T=8 a quarter of
- * its rate, so the earlier design added the partials in a kernel after each phase, ~10 us each).
+ * once per block at most with this plan (with several items per block the stalls add up; a finish
+ * kernel per phase instead costs ~10 us each).
  * Hand-offs are those of CUTLASS's TMA pipelines: consumers wait on the phase parity of `full`
  * without arriving on it, the producer on that of `empty`. compute-sanitizer's racecheck reports
  * such hand-offs as hazards even in a minimal correct kernel (dev/sm90_racecheck_probe.cu: modes 0,
  * 1, 3, 4 reported, 2 and 5 clean); it is clean only when every thread that writes or waits also
- * arrives, which couples the four consumer warps like a block barrier: measured 10-15% slower at
- * decode (DSv3 T=8 0.480 -> 0.551 ms). So racecheck runs with this kernel excluded
+ * arrives, which couples the four consumer warps like a block barrier, 10-15% slower at decode
+ * (DECISIONS 89). So racecheck runs with this kernel excluded
  * (bench/device_check.sh); memcheck covers it.
  * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
  * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
@@ -62,10 +62,8 @@
  *   token's K step and 16 B of padding with the token's slot code and scale;
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
  *   live in one region, a token's row holding its K step of every slot (slot s at s * 128), so one
- *   bulk copy per token brings ST_XG steps. Measured (H200, session 10 call 1): from ~4 tokens per
- *   expert 1-11% faster (DSv3 T = 256 2.508 -> 2.276 ms, Mixtral T = 32 0.366 -> 0.326, Qwen3 T =
- *   128 0.200 -> 0.186), at ~1 token per expert 4-5% slower (DSv3 T = 8 0.450 -> 0.473), also with
- *   no grouping at all: the layout, not the grouping, costs there. */
+ *   bulk copy per token brings ST_XG steps. Faster from ~4 tokens per expert, slower at ~1 (the
+ *   layout, not the grouping, costs there): DECISIONS 89. */
 template <bool XG, int B = ST_BLOCKS_PER_SM>
 struct st_lay {
     static constexpr bool grouped = XG;

@@ -406,8 +406,8 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
     if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
     /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
      * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
-     * of thousands of blocks of 155 KB at decode that only read the count and leave (measured 0.5 ms
-     * per forward, EP2 DSv3 T_max 8192, session 7); the grid is then one block per SM, each walking
+     * of thousands of blocks of 155 KB at decode that only read the count and leave (0.5 ms per
+     * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM, each walking
      * the items the device counted. An odd stride, so a block does not see only one parity of
      * tiles (the odd tiles are empty items). */
     int blocks = (rows / MM_WS_ROWS) * tiles;

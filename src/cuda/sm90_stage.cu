@@ -37,8 +37,7 @@ template <bool RW> __device__ __forceinline__ float stage_max(float v, float *sc
 /* A one-token forward's hand-off from the staging threads to the routing warp (named barrier 2 over
  * the whole block): whether the token is routed (live) and its activation scale. Every staging
  * thread passes it exactly once, on every path. bar.sync on both sides, not bar.arrive on the
- * staging side: compute-sanitizer's racecheck reported the arrive-then-read as 28 hazards (session
- * 13), and the routing warp reaches the barrier right after its ids load, long before the staging
+ * staging side: compute-sanitizer's racecheck reports the arrive-then-read as hazards, and the routing warp reaches the barrier right after its ids load, long before the staging
  * threads (an x load and an amax reduction later), so the staging threads do not wait on it. */
 struct stage_handoff {
     int live;
@@ -161,8 +160,8 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
  * stage launch count themselves done, and the last of all (route_blocks in total) builds the
  * routing tables (route_few_block), so no routing kernel runs. route_warp (a one-token forward of
  * one rank: route_blocks 1): the block's last warp builds them from the token's ids while the other
- * threads stage it (route_one_warp), instead of after them -- the routing block's ~2.8 us at
- * Qwen3-like T = 1 (session 12's trace) then overlaps the quantization's. */
+ * threads stage it (route_one_warp), instead of after them: the routing then overlaps the
+ * quantization. */
 template <bool RW>
 __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base,
                                   int rank, mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
@@ -185,9 +184,8 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     }
     /* Few slots, more than one token (decode): this launch is a handful of blocks, all resident at
      * once, so the next kernel's blocks may be scheduled now -- they enter and wait (mm_wait_previous)
-     * for this one's end while it quantizes and routes. Not for one token: measured 16% slower at
-     * Qwen3-like T = 1; 1.6-3.2% faster at Mixtral- and DSv3-like T = 8 (H200, session 12;
-     * DECISIONS 70). */
+     * for this one's end while it quantizes and routes. Not for one token, where it is slower
+     * (DECISIONS 70). */
     if (route_blocks > 1) mm_launch_dependents();
     stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
     if (route_blocks == 0) return;

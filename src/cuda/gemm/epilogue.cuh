@@ -24,9 +24,9 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
 /* The epilogue of one warp: its groups wgroup, wgroup + 1 (index within the expert's rows).
  * COMPACT: the loop over the warp's values is not unrolled (they rotate through registers), for a
  * caller that runs it once or a few times per block -- the streaming kernel at decode, where the
- * unrolled epilogue (~13 KB of code in the split-K finisher) was fetched cold by every SM at once
- * (the L2 flush evicts code too): the trace of Qwen3-like T = 1 showed the finishers ending ~6 us
- * after their sums, all at one instant). */
+ * unrolled epilogue (~13 KB of code in the split-K finisher) is fetched cold by every SM at once
+ * (an L2 flush evicts code too) and the finishers end microseconds after their sums, all at one
+ * instant. */
 /* STAGED (the ws and wgmma kernels' one-item blocks): the values go to shared memory instead, column
  * col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit act of
  * intermediate indices row0..), for the block's bulk stores (staged_epilogue). */
@@ -45,8 +45,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         /* Column j (0 .. 2 NT - 1) of this lane is token column (j >> 1) * 8 + 2c + (j & 1); its values
          * v[2 q + r] = acc[q][(j >> 1) * 4 + 2 r + (j & 1)] are rows g + 8 r of group q. The column's p
          * row is decoded once for its four values (decoded per value, with a peer-table load each, it
-         * was ~80 instructions a value: 17% of the streaming down kernel's warp samples at Qwen3-like
-         * T = 128, session 14 call 7). */
+         * costs ~80 instructions a value). */
         static_assert(GROUPS_PER_WARP == 2, "a column's four values: two groups, two rows each");
         auto column = [&](int j, const float (&v)[GROUPS_PER_WARP * 2]) {
             const int col = (j >> 1) * 8 + 2 * c + (j & 1);
@@ -181,8 +180,8 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
  * rows, row block rb), fence them for the async proxy, and after a second sync() thread ct < ncols
  * sends token column ct's row with one bulk store -- 1 KB of f32 p (down) or 256 B of act (gate/up) --
  * instead of one 4- or 2-byte scattered store per value, each down value with its own slot decode
- * (ncu, session 15 call 2, DSv3 T = 8192: the scattered epilogue was 56% of the ws down kernel's
- * warp samples and 34% of gate/up's). sync: a barrier over the threads that hold accumulators. */
+ * (the scattered stores dominate the ws kernels' warp samples at prefill). sync: a barrier over the
+ * threads that hold accumulators. */
 template <int PHASE, bool nvfp4, int NT, bool COMPACT, class Sync>
 __device__ __forceinline__ void staged_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                                 const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
