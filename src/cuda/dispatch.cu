@@ -4,10 +4,10 @@
  *   stage      sm90_stage.cu    one block per token: ids, token state, NVFP4 quantization / BF16 copy
  *   route      one of (sm90_stage.cu / sm90_route.cu, chosen by the host from the group's slots S):
  *                one process, 1 token, R = 1    the stage block's last warp      (route_one_warp)
- *                one process, S <= 64           the stage kernels' last block    (route_few_block)
  *                one process, S <= 1024         one kernel, a block per expert   (sm90_route_small_kernel)
  *                else, E_r <= 1024              count / scan / fill over chunks  (sm90_route_chunk_*)
  *                else                           count / tiles / fill per expert  (sm90_route_*_kernel)
+ *              (E_r <= 1024 for the warp, <= 8192 for the one kernel; all write the same tables)
  *   barrier    sm90_barrier.cu  NCCL only: every rank's tokens staged
  *   gather     sm90_gather.cu   where the rows are gathered (across GPUs; one GPU when ws / ws64 take gate/up)
  *   gate/up, down: the expert GEMMs, chosen below (gemm_plan.h gemm_choice), per phase

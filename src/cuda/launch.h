@@ -10,12 +10,13 @@
 
 /* ---- stage (sm90_stage.cu) and routing (sm90_route.cu, sm90_gather.cu) ------------------------- */
 
-/* route_blocks > 0: the stage launches of this forward have that many blocks in all, and the last
- * of them builds the routing tables (when sm90_stage_routes; then sm90_route_launch is not called). */
+/* route_warp (when sm90_stage_routes): the stage block's last warp builds the routing tables, and
+ * sm90_route_launch is not called. */
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
-                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a, uint8_t *const *peers,
-                                 int route_blocks, cudaStream_t s);
-bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots);
+                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a, bool route_warp,
+                                 cudaStream_t s);
+/* Whether the stage kernel routes a forward of total_tokens tokens (in the whole group). */
+bool sm90_stage_routes(const mm_dev_shape &sh, int total_tokens);
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  long total_slots, cudaStream_t s);
 /* Whether the routing of a forward of total_slots slots writes L.tile_order (the tiles by tokens,

@@ -1,9 +1,9 @@
 /*
  * route.cuh -- the routing tables' device building blocks: the block scan and the per-expert offsets
- * and tile list every routing writes (route_write_tiles), and the two routings that run inside the
- * stage kernel (sm90_stage.cu) so that a forward of few slots in one process has no routing kernel:
- * one block over every staged slot (route_few_block) and one warp over a single token's ids
- * (route_one_warp). Same tables, same slot order as the routing kernels of sm90_route.cu.
+ * and tile list the routing kernels write (route_write_tiles), and the routing that runs inside the
+ * stage kernel (sm90_stage.cu) so that a one-token forward of one rank has no routing kernel: one
+ * warp over the token's ids (route_one_warp). Same tables, same slot order as the routing kernels
+ * of sm90_route.cu.
  */
 #pragma once
 #include "common.cuh"
@@ -65,71 +65,9 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
     }
 }
 
-/* Slots of a forward routed by the stage kernel's last block (over it the routing kernel is faster:
- * DECISIONS 89). */
-#define ROUTE_FEW_SLOTS 64
-#define ROUTE_FEW_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
-
-/* hist: E_r ints of shared memory. Reads the staged ids through L2: other blocks wrote them. */
-__device__ inline void route_few_block(const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                       uint8_t *const *peers, int *hist) {
-    __shared__ int code_of[ROUTE_FEW_SLOTS], expert_of[ROUTE_FEW_SLOTS];
-    __shared__ float scale_of[ROUTE_FEW_SLOTS];
-    /* Every staged slot in (home rank, token, slot) order: its code, its expert (-1: not routed) and
-     * its token's activation scale (read beside the id: no latency of its own). */
-    int n = 0;
-    for (int src = 0; src < sh.R; src++) {
-        const uint8_t *b = peers[src];
-        const int ns = __ldcg((const int32_t *)(b + L.num_tokens)) * sh.K;
-        for (int j = threadIdx.x; j < ns && n + j < ROUTE_FEW_SLOTS; j += blockDim.x) {
-            const int id = __ldcg((const int32_t *)(b + L.topk_ids) + j);
-            const bool live = __ldcg(b + L.token_state + j / sh.K) == MM_TOKEN_LIVE;
-            code_of[n + j] = src * sh.T_max * sh.K + j;
-            expert_of[n + j] = live && id >= 0 && id < sh.E ? id : -1;
-            scale_of[n + j] = sh.nvfp4 ? __ldcg((const float *)(b + L.x_scale) + j / sh.K) : 1.0f;
-        }
-        n += ns;
-    }
-    __syncthreads();
-    for (int r = 0; r < sh.local_ranks; r++) {
-        uint8_t *b = peers[sh.first_rank + r];
-        const int lo = (sh.first_rank + r) * sh.E_r;
-        for (int e = threadIdx.x; e < sh.E_r; e += blockDim.x)
-            hist[e] = 0;
-        __syncthreads();
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const int local = expert_of[j] - lo;
-            if (expert_of[j] >= 0 && local >= 0 && local < sh.E_r) atomicAdd(&hist[local], 1);
-        }
-        __syncthreads();
-        /* Counts, offsets and tiles in expert order; hist[e] becomes the expert's first slot. */
-        int32_t *count = (int32_t *)(b + L.expert_count);
-        route_write_tiles(
-            sh, L, b, [&](int e) { return hist[e]; },
-            [&](int e, int c, int off) {
-                count[e] = c;
-                hist[e] = off;
-            });
-        __syncthreads();
-        /* Each slot at its expert's first slot plus the earlier slots of that expert. */
-        int32_t *slots = (int32_t *)(b + L.slots);
-        float *slot_scale = (float *)(b + L.slot_scale);
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const int x = expert_of[j], local = x - lo;
-            if (x < 0 || local < 0 || local >= sh.E_r) continue;
-            int before = 0;
-            for (int i = 0; i < j; i++)
-                before += expert_of[i] == x;
-            slots[hist[local] + before] = code_of[j];
-            slot_scale[hist[local] + before] = scale_of[j];
-        }
-        __syncthreads();
-    }
-}
-
 /* The routing tables of a one-token forward of one rank (R = 1), built by one warp from the token's
  * ids while the rest of the stage block quantizes it (sm90_stage_kernel): the same tables and slot
- * order as route_few_block. ids: lane k < K holds slot k's id, -1 where the token is not routed
+ * order as the routing kernels. ids: lane k < K holds slot k's id, -1 where the token is not routed
  * (padding, non-finite) or the id is out of range. With one token every expert has at most K <= 32
  * slots, so one tile; an expert's values are counts over the K ids. ROUTE_WARP_EXPERTS bounds the
  * experts it walks (32 per pass). */

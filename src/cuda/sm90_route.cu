@@ -356,7 +356,7 @@ static bool route_small(const mm_dev_shape &sh, long total_slots) {
     return sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS;
 }
 bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
-    return sh.nvfp4 && !sm90_stage_routes(sh, total_slots) && route_small(sh, total_slots) &&
+    return sh.nvfp4 && route_small(sh, total_slots) &&
            total_slots >= 128 && total_slots <= 8L * sh.E;
 }
 

@@ -156,15 +156,13 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
 }
 
-/* One block per token. route_blocks > 0 (one process, few slots): the blocks of every local rank's
- * stage launch count themselves done, and the last of all (route_blocks in total) builds the
- * routing tables (route_few_block), so no routing kernel runs. route_warp (a one-token forward of
- * one rank: route_blocks 1): the block's last warp builds them from the token's ids while the other
- * threads stage it (route_one_warp), instead of after them: the routing then overlaps the
+/* One block per token. RW (sm90_stage_routes: a one-token forward of one rank): the block's last
+ * warp builds the routing tables from the token's ids while the other threads stage it
+ * (route_one_warp), instead of a routing kernel after it: the routing then overlaps the
  * quantization. */
 template <bool RW>
 __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base,
-                                  int rank, mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
+                                  int rank, mm_dev_rank_args a) {
     mm_wait_previous();
     if (RW) {
         __shared__ stage_handoff handoff;
@@ -182,57 +180,31 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
         route_one_warp(sh, L, base, handoff.live ? id : -1, handoff.scale);
         return;
     }
-    /* Few slots, more than one token (decode): this launch is a handful of blocks, all resident at
-     * once, so the next kernel's blocks may be scheduled now -- they enter and wait (mm_wait_previous)
-     * for this one's end while it quantizes and routes. Not for one token, where it is slower
-     * (DECISIONS 70). */
-    if (route_blocks > 1) mm_launch_dependents();
     stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
-    if (route_blocks == 0) return;
-    if (route_blocks == 1) {
-        /* The only block (one token on one rank): no other block to count, and its own staged bytes
-         * are visible to all its threads after the barrier -- no fence, no returning atomic. */
-        __syncthreads();
-    } else {
-        __shared__ int last;
-        __syncthreads(); /* the block's staged bytes before thread 0's release */
-        if (threadIdx.x == 0) {
-            unsigned *arrivals = (unsigned *)(err_base + L.stage_arrivals);
-            mm_fence_acq_rel_gpu(); /* release: the staged bytes before the arrival */
-            last = atomicAdd(arrivals, 1u) == (unsigned)route_blocks - 1;
-            if (last) {
-                *arrivals = 0;          /* ready for the next forward */
-                mm_fence_acq_rel_gpu(); /* acquire: every block's staged bytes after the arrivals */
-            }
-        }
-        __syncthreads();
-        if (!last) return;
-    }
-    extern __shared__ int hist[];
-    route_few_block(sh, L, peers, hist);
 }
 
+/* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
+static int stage_threads(const mm_dev_shape &sh) {
+    const int nb = sh.H / 16;
+    return nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
+}
 
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
-                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a,
-                                 uint8_t *const *peers, int route_blocks, cudaStream_t s) {
+                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a, bool route_warp,
+                                 cudaStream_t s) {
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
-    /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
-    const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
-    /* One token of one rank: a routing warp beside the staging threads (route_one_warp's bounds). */
-    const bool route_warp = route_blocks == 1 && sh.R == 1 && sh.K <= 32 &&
-                            sh.E_r <= ROUTE_WARP_EXPERTS && threads + 32 <= 1024;
-    const size_t smem = route_blocks > 0 && !route_warp ? (size_t)sh.E_r * sizeof(int) : 0;
+    const int threads = stage_threads(sh);
     if (route_warp)
-        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, smem, s, sh, L, base, err_base,
-                              rank, a, peers, route_blocks));
+        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, 0, s, sh, L, base, err_base, rank, a));
     else
-        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, smem, s, sh, L, base, err_base, rank,
-                              a, peers, route_blocks));
+        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots) {
-    return sh.local_ranks == sh.R && total_slots <= ROUTE_FEW_SLOTS && sh.E_r <= ROUTE_FEW_EXPERTS;
+/* One token in the whole group, one rank, in one process: route_one_warp's bounds (K lanes, a pass
+ * of 32 experts per lane round, a warp more in the block). */
+bool sm90_stage_routes(const mm_dev_shape &sh, int total_tokens) {
+    return sh.local_ranks == sh.R && sh.R == 1 && total_tokens <= 1 && sh.K <= 32 &&
+           sh.E_r <= ROUTE_WARP_EXPERTS && stage_threads(sh) + 32 <= 1024;
 }
