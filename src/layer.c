@@ -91,9 +91,9 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
                      (double)c->activation_clamp);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (c->gemm_kernel < 0 || c->gemm_kernel > 5) {
+    if ((int)c->gemm_kernel < MEGAMOE_GEMM_AUTO || (int)c->gemm_kernel > MEGAMOE_GEMM_WS64) {
         mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming), 4 (warp-specialized) or 5 (warp-specialized, 64-token blocks)",
-                     c->gemm_kernel);
+                     (int)c->gemm_kernel);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->timeout_ms < 1) {

@@ -464,7 +464,7 @@ static cudaError_t wait_stream(cudaStream_t s, int ms) {
 }
 
 /* Whether a forward of `slots` slots of layer c takes a warp-specialized kernel (gemm_rank 2 or 3) in
- * either phase, as the launcher plans it (sm90_expert_gemm.cu). */
+ * either phase, as the launcher plans it (dispatch.cu). */
 static int takes_ws(const megamoe_layer_config *c, long slots, int nvfp4) {
     const int E = c->num_experts, H = c->hidden_size, I = c->intermediate_size, mk = H < I ? H : I;
     const int k1 =
