@@ -74,12 +74,8 @@ static void dev_free(dev_inputs *d) {
  * runs once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
 static int g_gemm_kernel;
 /* The activation modes the NVFP4 grid cases run in (SPEC §3b): bit 0 bf16 (W4A16), bit 1 nvfp4;
- * MEGAMOE_TEST_ACTIVATIONS=bf16|nvfp4 takes one (the suite runs both by default). The tests of a
- * single NVFP4 layer take the first mode enabled. */
+ * MEGAMOE_TEST_ACTIVATIONS=bf16|nvfp4 takes one (the suite runs both by default). */
 static int g_act_modes = 3;
-static megamoe_activations first_act_mode(void) {
-    return g_act_modes & 1 ? MEGAMOE_ACTIVATIONS_BF16 : MEGAMOE_ACTIVATIONS_NVFP4;
-}
 /* "nvfp4" (NVFP4 weights and activations), "w4a16" (NVFP4 weights, bf16 activations) or "bf16 " */
 static const char *mode_name(const megamoe_layer_config *c) {
     return c->format == MEGAMOE_FORMAT_BF16              ? "bf16 "
@@ -483,12 +479,12 @@ static void test_w4a16_staging(void **state) {
     tu_model_free(&m);
 }
 
-static void test_graph_capture_and_errors(void **state) {
-    (void)state;
+static void graph_case(megamoe_activations act) {
     megamoe_layer_config c;
     megamoe_layer_config_init(&c);
     c.name = "gpu.graph";
-    c.activations = first_act_mode();
+    c.activations = act;
+    printf("  NVFP4, %s activations:\n", act == MEGAMOE_ACTIVATIONS_BF16 ? "bf16" : "nvfp4");
     c.num_experts = 16, c.top_k = 4, c.hidden_size = 512, c.intermediate_size = 256, c.max_tokens = 64;
     tu_model m;
     tu_model_random(&m, &c, 1, seed(9));
@@ -551,6 +547,12 @@ static void test_graph_capture_and_errors(void **state) {
     tu_model_free(&m);
 }
 
+static void test_graph_capture_and_errors(void **state) {
+    (void)state;
+    if (g_act_modes & 2) graph_case(MEGAMOE_ACTIVATIONS_NVFP4);
+    if (g_act_modes & 1) graph_case(MEGAMOE_ACTIVATIONS_BF16);
+}
+
 /* Polls stream s every millisecond for up to ms milliseconds; its last status. */
 static cudaError_t wait_stream(cudaStream_t s, int ms) {
     cudaError_t q = cudaErrorNotReady;
@@ -578,12 +580,15 @@ static int takes_ws(const megamoe_layer_config *c, long slots, int nvfp4) {
  * compute-sanitizer runs the two streams' kernels one after the other. */
 static void test_other_stream_holds_sms(void **state) {
     (void)state;
-    for (int f = 0; f < 2; f++) {
+    /* NVFP4 with nvfp4, then bf16 activations (those enabled), then BF16 */
+    for (int mode = 0; mode < 3; mode++) {
+        if ((mode == 0 && !(g_act_modes & 2)) || (mode == 1 && !(g_act_modes & 1))) continue;
+        const int f = mode == 2; /* the format: 0 NVFP4, 1 BF16 */
         megamoe_layer_config c;
         megamoe_layer_config_init(&c);
         c.name = "gpu.shared";
         c.format = (megamoe_weight_format)f;
-        c.activations = f == 0 ? first_act_mode() : MEGAMOE_ACTIVATIONS_BF16;
+        c.activations = mode == 0 ? MEGAMOE_ACTIVATIONS_NVFP4 : MEGAMOE_ACTIVATIONS_BF16;
         c.num_experts = 16, c.top_k = 4, c.hidden_size = 512, c.intermediate_size = 256, c.max_tokens = 256;
         tu_model m;
         tu_model_random(&m, &c, 1, seed(21 + f));

@@ -121,7 +121,8 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     amax = stage_max<RW>(amax, scratch, nq);
     /* The token's activation scale: NVFP4's s (SPEC §3), or with bf16 activations (W4A16, §3b) the
      * power of two of its exact f16 copy times the 2^-14 that the gate/up epilogue's 2^28 undoes
-     * (e16 >= -135 keeps it >= 2^-149, and puts every nonzero bf16 value at 4 or more in f16). */
+     * (e16 >= -135 keeps it >= 2^-149; a token small enough to meet that bound still has each nonzero
+     * bf16 value at 4 or more in f16, so exact). */
     const int e16 = sh.bf16_act ? mm_f16_exponent(amax, -135) : 0;
     const float s = !sh.nvfp4 ? 1.0f : sh.bf16_act ? ldexpf(1.0f, e16 - 14) : mm_activation_scale(amax);
     stage_hand_over<RW>(h, nq, finite, s);
