@@ -114,11 +114,11 @@ extern "C" megamoe_status mm_cuda_buffer_init(megamoe_group *g, mm_buffer *b) {
     const mm_buffer_layout &L = b->layout;
     for (int r = 0; r < g->local_ranks; r++) {
         uint8_t *base = (uint8_t *)b->rank_base[r];
-        MM_CUDA_TRY(cudaMemset(base + L.splitk_counters, 0, MM_SPLITK_ENTRIES * sizeof(int)));
-        MM_CUDA_TRY(cudaMemset(base + L.barrier, 0, ((size_t)g->world_size + 1) * 8));
-        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8)); /* no bad id yet; counts 0 */
-        MM_CUDA_TRY(cudaMemset(base + L.error + 8, 0, 8));
-        MM_CUDA_TRY(cudaMemset(base + L.stage_arrivals, 0, 4));
+        /* Every byte once: kernels read some regions past what a forward wrote -- a TMA box of act or
+         * xg rows past the last slot, whose columns the epilogue drops -- and a fresh allocation
+         * holds no defined value there (compute-sanitizer initcheck). */
+        MM_CUDA_TRY(cudaMemset(base, 0, (size_t)L.total)); /* split-K counters, barrier epochs: 0 */
+        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8));   /* no bad id yet; counts 0 */
     }
     MM_CUDA_TRY(cudaDeviceSynchronize()); /* zero before any peer can see the buffer */
     return MEGAMOE_OK;

@@ -17,8 +17,8 @@
 #define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
- * order; all threads of the block take part in every call. SCALE: scale is the slot's token's
- * NVFP4 activation scale (read beside its id), else 1. */
+ * order; all threads of the block take part in every call. SCALE: scale is a matching slot's
+ * token's NVFP4 activation scale, else 1. */
 template <bool SCALE = false, typename F>
 __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
                               F f) {
@@ -29,8 +29,10 @@ __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L,
         const uint8_t *state = b + L.token_state;
         for (int j0 = 0; j0 < n; j0 += blockDim.x) {
             const int j = j0 + threadIdx.x;
-            const float scale = SCALE && sh.nvfp4 && j < n ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
             const bool match = j < n && ids[j] == expert && state[j / sh.K] == MM_TOKEN_LIVE;
+            /* Only a live token has a scale (the stage kernel writes none for padding or non-finite
+             * tokens): read it for the matching slots only. */
+            const float scale = SCALE && sh.nvfp4 && match ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
             f((src * sh.T_max) * sh.K + j, match, scale);
         }
     }

@@ -36,9 +36,12 @@ template <bool RW> __device__ __forceinline__ float stage_max(float v, float *sc
 
 /* A one-token forward's hand-off from the staging threads to the routing warp (named barrier 2 over
  * the whole block): whether the token is routed (live) and its activation scale. Every staging
- * thread passes it exactly once, on every path. bar.sync on both sides, not bar.arrive on the
- * staging side: compute-sanitizer's racecheck reports the arrive-then-read as hazards, and the routing warp reaches the barrier right after its ids load, long before the staging
- * threads (an x load and an amax reduction later), so the staging threads do not wait on it. */
+ * thread passes it exactly once, on one of three paths (a token past T, padding, the rest): the
+ * barrier is the non-aligned form (ptx/barrier.cuh), which a warp may reach from different call
+ * sites. A sync on both sides, not an arrive on the staging side: compute-sanitizer's racecheck
+ * reports the arrive-then-read as hazards, and the routing warp reaches the barrier right after its
+ * ids load, long before the staging threads (an x load and an amax reduction later), so the staging
+ * threads do not wait on it. */
 struct stage_handoff {
     int live;
     float scale;
