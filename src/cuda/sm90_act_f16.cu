@@ -6,7 +6,7 @@
  * the down epilogue multiplies back. The down GEMM then runs on the f16 tensor-core path the NVFP4
  * weights decode to. Every bf16 value of at least amax * 2^-33 converts exactly (f16 keeps 11
  * significant bits down to 2^-14 and 8 down to 2^-17; bf16 has 8); smaller ones round to f16
- * subnormals, at most amax * 2^-41 away (docs/DECISIONS.md).
+ * subnormals, at most amax * 2^-40 away (docs/DECISIONS.md).
  */
 #include "launch.h"
 
