@@ -259,7 +259,7 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
 }
 
 static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
-/* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 51): ranks on
+/* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 44): ranks on
  * several GPUs on every forward (each remote row crosses NVLink once), a process driving one rank
  * when the warp-specialized kernels run (their token tile is then one TMA box). One process driving
  * several ranks (tests) does not. */

@@ -511,7 +511,7 @@ static void test_other_stream_holds_sms(void **state) {
             if (started != 0) fail_msg("occupier kernel did not start on every SM (%d)", started);
             /* A warp-specialized kernel's block takes 63K of an SM's 64K registers (3 warps of 168 on
              * each quarter of the register file), so it cannot share an SM with the occupier; it waits
-             * for one. Its blocks never wait for each other (DECISIONS 44), so a forward taking it must
+             * for one. Its blocks never wait for each other (DECISIONS 38), so a forward taking it must
              * finish once the occupier has gone: held 0.2 s, then released, then up to 10 s to finish. */
             const int ws = takes_ws(&c, (long)T * c.top_k, f == 0);
             assert_int_equal(gpu_forward(gg, lg, &in, &d, s), MEGAMOE_OK);

@@ -16,7 +16,7 @@
  * per token brings 4 K steps; a third instantiation runs 5 blocks per SM of 6 stages where a phase's
  * items would leave a short second round on 4 (plan_stream_more_blocks). At decode each block runs
  * its code once per forward, fetched cold after an L2 flush, so the epilogues are written compact
- * (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS 65, 67).
+ * (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS 36).
  * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
  * makes at most about one item per resident block, so a split only happens when a phase has fewer
  * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
@@ -57,7 +57,7 @@
                           * waits for the slot of its last step: ST_XG - 1 steps less lookahead) */
 #define ST_XG_MIN_AVG 4 /* the grouped layout from this many slots per expert (the group's average) */
 
-/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 61):
+/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35):
  * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
  *   token's K step and 16 B of padding with the token's slot code and scale;
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
@@ -127,7 +127,7 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
  * completion gate/up had waited for before it let this kernel in) runs first, and the wait comes
  * before the first copy of act rows -- in the producer warp, whose block therefore cannot end before
  * gate/up has; a block that leaves without streaming waits first as well, so this kernel's end
- * always implies gate/up's (the completion chain of DECISIONS 37). Elsewhere the kernel's first act. */
+ * always implies gate/up's (the completion chain of DECISIONS 41). Elsewhere the kernel's first act. */
 template <int PHASE>
 __device__ __forceinline__ void st_wait_for_inputs() {
     if (PHASE == PHASE_DOWN) {
