@@ -316,7 +316,7 @@ static void test_grid_small(void **state) {
         /* 192 slots on 256 experts (~135 reached, ~540 gate/up items): the streaming kernel's
          * instantiation with one block per SM more (plan_stream_more_blocks) */
         {256, 4, 256, 256, 48, 48, 0, 0},
-        /* More than ROUTE_SMALL_SLOTS (1024) slots: the chunked routing (chunks of MM_ROUTE_CHUNK
+        /* More than MM_ROUTE_ONE_KERNEL_SLOTS (1024) slots: the chunked routing (chunks of MM_ROUTE_CHUNK
          * slots per home rank, the last partial); and 600 rows on one expert through it. */
         {16, 8, 256, 256, 1100, 1100, 0, 0},
         {8, 8, 256, 256, 600, 600, 1, 0},
