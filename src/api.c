@@ -246,8 +246,6 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         }
         l->error = off;
         off = align_up(off + 16, A);
-        l->stage_arrivals = off;
-        off = align_up(off + 4, A);
         l->splitk_ws = off;
         off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4, A);
         l->splitk_counters = off;
