@@ -246,8 +246,6 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         }
         l->error = off;
         off = align_up(off + 16, A);
-        l->stage_arrivals = off;
-        off = align_up(off + 4, A);
         l->splitk_ws = off;
         off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4, A);
         l->splitk_counters = off;
@@ -259,7 +257,7 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
 }
 
 static int is_device(const megamoe_group *g) { return g->config.backend != MEGAMOE_BACKEND_CPU; }
-/* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 51): ranks on
+/* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 44): ranks on
  * several GPUs on every forward (each remote row crosses NVLink once), a process driving one rank
  * when the warp-specialized kernels run (their token tile is then one TMA box). One process driving
  * several ranks (tests) does not. */

@@ -53,7 +53,6 @@ typedef struct mm_buffer_layout {
                               /* E_r] i32 per (home rank's chunk of MM_ROUTE_CHUNK slots, local      */
                               /* expert): the chunk's slots routed there, then its first slot row    */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
-    uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
     uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
     uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */

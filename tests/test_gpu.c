@@ -346,7 +346,7 @@ static void test_grid_small(void **state) {
         /* 192 slots on 256 experts (~135 reached, ~540 gate/up items): the streaming kernel's
          * instantiation with one block per SM more (plan_stream_more_blocks) */
         {256, 4, 256, 256, 48, 48, 0, 0},
-        /* More than ROUTE_SMALL_SLOTS (1024) slots: the chunked routing (chunks of MM_ROUTE_CHUNK
+        /* More than MM_ROUTE_ONE_KERNEL_SLOTS (1024) slots: the chunked routing (chunks of MM_ROUTE_CHUNK
          * slots per home rank, the last partial); and 600 rows on one expert through it. */
         {16, 8, 256, 256, 1100, 1100, 0, 0},
         {8, 8, 256, 256, 600, 600, 1, 0},
@@ -615,7 +615,7 @@ static void test_other_stream_holds_sms(void **state) {
             if (started != 0) fail_msg("occupier kernel did not start on every SM (%d)", started);
             /* A warp-specialized kernel's block takes 63K of an SM's 64K registers (3 warps of 168 on
              * each quarter of the register file), so it cannot share an SM with the occupier; it waits
-             * for one. Its blocks never wait for each other (DECISIONS 44), so a forward taking it must
+             * for one. Its blocks never wait for each other (DECISIONS 38), so a forward taking it must
              * finish once the occupier has gone: held 0.2 s, then released, then up to 10 s to finish. */
             const int ws = takes_ws(&c, (long)T * c.top_k, f == 0);
             assert_int_equal(gpu_forward(gg, lg, &in, &d, s), MEGAMOE_OK);

@@ -274,13 +274,13 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     uint8_t *err = base[0];
     int total_tokens = 0;
     for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
-    /* One token of one rank: the stage block's last warp routes (no routing kernel). */
-    const bool stage_routes = sm90_stage_routes(sh, total_tokens);
+    /* Which routing (dispatch.cu's table); ROUTE_WARP: the stage block's last warp routes. */
+    const int route = sm90_route_plan(sh, total_tokens);
     /* The error words were reset by the last forward's combine (or at buffer creation). */
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, stage_routes, s);
+        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, route == ROUTE_WARP, s);
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
@@ -288,7 +288,8 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     const int timeout_ms = l->config.timeout_ms;
     megamoe_status st = MEGAMOE_OK;
     if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
-    if (!stage_routes && (st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s)) != MEGAMOE_OK) return st;
+    if (route != ROUTE_WARP && (st = sm90_route_launch(sh, L, peers, route, (long)total_tokens * sh.K, s)) != MEGAMOE_OK)
+        return st;
     st = sm90_expert_gemm_launch(sh, L, peers, base[0], cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */
