@@ -84,8 +84,9 @@ static megamoe_status forward(megamoe_layer *l, int R, const dev_io *d) {
     megamoe_forward_args args[8];
     for (int r = 0; r < R; r++) {
         const int t0 = r * chunk < T ? r * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-        args[r] = (megamoe_forward_args){t1 - t0,    d->x + (size_t)t0 * H, d->ids + (size_t)t0 * K,
-                                         d->w + (size_t)t0 * K, d->pad + t0, d->y + (size_t)t0 * H};
+        args[r] = (megamoe_forward_args){
+            t1 - t0,     d->x + (size_t)t0 * H, d->ids + (size_t)t0 * K, d->w + (size_t)t0 * K,
+            d->pad + t0, d->y + (size_t)t0 * H};
     }
     return megamoe_layer_forward(l, args, NULL);
 }
@@ -120,8 +121,9 @@ static void expect_timeout(megamoe_layer *l, int R, int held, int timeout_ms, co
     CK(cudaDeviceSynchronize());
     const double t0 = now_ms();
     megamoe_status st = forward(l, R, d);
-    if (st) fail_msg("the forward itself failed (the timeout is reported by the check): %s",
-                     megamoe_layer_last_error(l));
+    if (st)
+        fail_msg("the forward itself failed (the timeout is reported by the check): %s",
+                 megamoe_layer_last_error(l));
     st = megamoe_layer_check(l);
     const double ms = now_ms() - t0;
     const char *msg = megamoe_layer_last_error(l);
@@ -191,16 +193,19 @@ static void run(int R, int timeout_ms) {
     l = make_layer(g, &m, timeout_ms);
     if (keep && l->buffer != timed_out_buffer) fail_msg("the fresh layer does not reuse the group's buffer");
     uint16_t *y = forward_ok(l, R, &d);
-    if (memcmp(y, y_ref, (size_t)T * H * 2) != 0) fail_msg("fresh layer after a timeout: y differs from a clean group");
+    if (memcmp(y, y_ref, (size_t)T * H * 2) != 0)
+        fail_msg("fresh layer after a timeout: y differs from a clean group");
     expect_cpu(y, y_cpu, keep ? "fresh layer, reused buffer" : "fresh layer, new buffer");
     free(y);
     if (keep) {
         expect_timeout(l, R, 0, timeout_ms, &d);
         y = forward_ok(l, R, &d);
-        if (memcmp(y, y_ref, (size_t)T * H * 2) != 0) fail_msg("after a second timeout: y differs from a clean group");
+        if (memcmp(y, y_ref, (size_t)T * H * 2) != 0)
+            fail_msg("after a second timeout: y differs from a clean group");
         free(y);
         y = forward_ok(other, R, &d);
-        if (memcmp(y, y_ref, (size_t)T * H * 2) != 0) fail_msg("the layer kept alive: y differs from a clean group");
+        if (memcmp(y, y_ref, (size_t)T * H * 2) != 0)
+            fail_msg("the layer kept alive: y differs from a clean group");
         free(y);
         megamoe_layer_destroy(other);
     }

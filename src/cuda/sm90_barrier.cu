@@ -20,8 +20,8 @@ __device__ __forceinline__ uint64_t global_ns() {
 
 /* kHold: the block of global rank `held` leaves without arriving (a rank that never arrives). */
 template <bool kHold>
-__global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, uint64_t timeout_ns,
-                                    int held) {
+__global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                                    uint64_t timeout_ns, int held) {
     mm_wait_previous();
     const int me = sh.first_rank + (int)blockIdx.x, lane = threadIdx.x;
     if (kHold && me == held) return;
@@ -59,7 +59,8 @@ megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layou
     if (held < 0)
         MM_CUDA_TRY(mm_launch(sm90_barrier_kernel<false>, 1, 32, 0, s, sh, L, peers, timeout_ns, held));
     else
-        MM_CUDA_TRY(mm_launch(sm90_barrier_kernel<true>, sh.local_ranks, 32, 0, s, sh, L, peers, timeout_ns, held));
+        MM_CUDA_TRY(
+            mm_launch(sm90_barrier_kernel<true>, sh.local_ranks, 32, 0, s, sh, L, peers, timeout_ns, held));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
