@@ -177,6 +177,10 @@ void mm_cuda_layer_free(megamoe_layer *layer);
 uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *layer);
 megamoe_status mm_cuda_forward(megamoe_layer *layer, const megamoe_forward_args *args, void *stream);
 megamoe_status mm_cuda_layer_check(megamoe_layer *layer);
+/* Test only (tests/test_gpu_timeout.c): from the next forward of this finalized device layer, its ranks
+ * meet at the cross-rank barrier where global rank `rank` never arrives (-1: none, the default), so the
+ * others time out after timeout_ms. UNSUPPORTED in a build without the CUDA backend. */
+megamoe_status mm_test_hold_rank(megamoe_layer *layer, int rank);
 
 /* The NCCL backend (src/ep/nccl.cu; src/ep/nccl_stub.c without NCCL's device API). */
 int mm_nccl_available(void);

@@ -66,9 +66,11 @@ megamoe_status sm90_act_f16_launch(const mm_dev_shape &sh, const mm_buffer_layou
 /* ---- cross-rank barrier (sm90_barrier.cu) and combine (sm90_combine.cu) ------------------------- */
 
 /* Every rank of the group arrives at and waits for the others (NCCL backend: ranks on other GPUs),
- * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word. */
+ * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word.
+ * held < 0: one block, this process's rank. held >= 0 (the test hold, mm_test_hold_rank): one block per
+ * local rank, and global rank `held` leaves without arriving. */
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                   int timeout_ms, cudaStream_t s);
+                                   int timeout_ms, int held, cudaStream_t s);
 /* Opts the combine kernels in to the chunk sums' shared memory of a layer with top-k K and hidden size H. */
 megamoe_status sm90_combine_prepare(int K, int H);
 /* err_words/host_err: given to the forward's last combine (the error words' hand-off), else NULL. */

@@ -36,3 +36,8 @@ megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
     (void)l;
     return MEGAMOE_OK;
 }
+megamoe_status mm_test_hold_rank(megamoe_layer *l, int rank) {
+    (void)rank;
+    if (l) mm_set_error(l->error, "layer '%s': this build has no CUDA backend", l->name);
+    return MEGAMOE_ERR_UNSUPPORTED;
+}
