@@ -294,7 +294,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, peers,
+        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, mm_group_rank(g, r), a, peers,
                                               stage_routes ? stage_blocks : 0, s);
         if (st) return st;
     }
@@ -347,7 +347,7 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
         memset(cl->host_error, 0, 16);
         return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
                              "rank %d waited more than timeout_ms=%d for rank %u; y is not valid",
-                             megamoe_group_rank(l->group, 0), l->config.timeout_ms, late - 1);
+                             mm_group_rank(l->group, 0), l->config.timeout_ms, late - 1);
     }
     if (count == 0) return MEGAMOE_OK;
     const int K = l->config.top_k, T_max = l->config.max_tokens;
@@ -360,3 +360,22 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
                          "written)",
                          rank, token, slot, id, l->config.num_experts, count, count == 1 ? "" : "s");
 }
+
+/* ---- The table of operations ----------------------------------------------------------------- */
+
+/* In member order (internal.h mm_backend_ops): C++17 has no designated initializers. */
+const mm_backend_ops mm_cuda_backend = {
+    "CUDA",                       /* name                 */
+    1,                            /* device_memory        */
+    0,                            /* one_rank_per_process */
+    mm_cuda_available,            /* available            */
+    mm_cuda_group_init,           /* group_init           */
+    mm_cuda_group_fini,           /* group_fini           */
+    mm_cuda_buffer_alloc,         /* buffer_alloc         */
+    mm_cuda_buffer_free,          /* buffer_free          */
+    mm_cuda_layer_finalize,       /* layer_finalize       */
+    mm_cuda_layer_free,           /* layer_free           */
+    mm_cuda_layer_resident_bytes, /* layer_resident_bytes */
+    mm_cuda_forward,              /* forward              */
+    mm_cuda_layer_check,          /* layer_check          */
+};
