@@ -82,8 +82,9 @@ typedef struct soak_layer {
 
 typedef struct soak {
     int cpu_only;
-    megamoe_group *ref_group;         /* CPU, one rank */
-    megamoe_group *groups[MAX_R + 1]; /* [R]: the backend under test, R ranks */
+    megamoe_group *ref_group;                 /* CPU, one rank */
+    megamoe_group *groups[MAX_R + 1];         /* [R]: the backend under test, R ranks */
+    int variants[NUM_VARIANTS], num_variants; /* those the backend under test runs */
     soak_layer layers[NUM_SHAPES][NUM_VARIANTS];
     /* Device copies of one input (the largest shape's size); host pointers with --cpu. */
     uint16_t *x, *y;
@@ -125,13 +126,18 @@ static int make_layers(soak *S, int s, int v, uint64_t seed) {
         return fail_setup(what, megamoe_layer_last_error(L->ref));
     for (int R = 1; R <= MAX_R; R++) {
         if (sh->E % R) continue;
-        if (tu_layer_create(&L->model, S->groups[R], &L->ranks[R]))
-            return fail_setup(what, megamoe_layer_last_error(L->ranks[R]));
+        const megamoe_status st = tu_layer_create(&L->model, S->groups[R], &L->ranks[R]);
+        if (st == MEGAMOE_ERR_UNSUPPORTED && R == 1) {
+            printf("soak: SKIPPED %s: %s\n", k_variants[v].name, megamoe_layer_last_error(L->ranks[R]));
+            return 2;
+        }
+        if (st) return fail_setup(what, megamoe_layer_last_error(L->ranks[R]));
     }
     return 0;
 }
 
-static int setup(soak *S) {
+/* The groups, the input buffers, and the variants the backend under test runs (made on shape 0). */
+static int setup(soak *S, uint64_t seed) {
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
     if (megamoe_group_create(&gc, &S->ref_group))
@@ -142,6 +148,12 @@ static int setup(soak *S) {
         if (megamoe_group_create(&gc, &S->groups[R]))
             return fail_setup("group under test", megamoe_group_last_error(S->groups[R]));
     }
+    for (int v = 0; v < NUM_VARIANTS; v++) {
+        const int st = make_layers(S, 0, v, seed);
+        if (st == 1) return 1;
+        if (st == 0) S->variants[S->num_variants++] = v;
+    }
+    if (S->num_variants == 0) return fail_setup("setup", "the backend under test runs none of the formats");
     size_t max_x = 0, max_ids = 0, max_t = 0;
     for (int s = 0; s < NUM_SHAPES; s++) {
         const soak_shape *sh = &k_shapes[s];
@@ -236,10 +248,10 @@ static int zipf_expert(tu_rng *r, const int *perm, const double *cdf, int E) {
 }
 
 /* The input of index i of the soak of this seed: a function of (seed, i) alone. */
-static void draw_input(uint64_t seed, long i, draw *d, tu_inputs *in) {
+static void draw_input(const soak *S, uint64_t seed, long i, draw *d, tu_inputs *in) {
     tu_rng r = {seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)i * 0xD1B54A32D192ED03ull)};
     d->shape = pick_shape(&r);
-    d->variant = (int)(tu_next(&r) % NUM_VARIANTS);
+    d->variant = S->variants[tu_next(&r) % (uint64_t)S->num_variants];
     const soak_shape *s = &k_shapes[d->shape];
     const int E = s->E, K = s->K, H = s->H;
     d->T = pick_tokens(&r, s->T_max);
@@ -355,7 +367,7 @@ static void describe(const draw *d, int R, char *buf, size_t n) {
 static int run_input(soak *S, uint64_t seed, long i) {
     draw d;
     tu_inputs in;
-    draw_input(seed, i, &d, &in);
+    draw_input(S, seed, i, &d, &in);
     soak_layer *L = &S->layers[d.shape][d.variant];
     if (make_layers(S, d.shape, d.variant, seed)) {
         tu_inputs_free(&in);
@@ -470,7 +482,7 @@ int main(int argc, char **argv) {
            (unsigned long long)seed, forwards, seconds > 0 ? " or the time limit" : "");
     if (only >= 0) printf("soak: input %ld only\n", only);
     fflush(stdout);
-    if (setup(S)) {
+    if (setup(S, seed)) {
         teardown(S);
         free(S);
         return 1;
