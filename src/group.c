@@ -121,7 +121,7 @@ static void layout_of(const megamoe_group *g, int num_experts, int max_tokens, i
 /* T_max * K * H * 4 must not overflow; the layer checks this before asking for a buffer. */
 megamoe_status megamoe_group_buffer_bytes(megamoe_group *group, int num_experts, int max_tokens, int top_k,
                                           int hidden_size, int intermediate_size, uint64_t *bytes) {
-    if (!group || !bytes) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    if (!group || !bytes || !group->ops) return MEGAMOE_ERR_INVALID_ARGUMENT; /* ops: a known backend */
     uint64_t tkh;
     if (max_tokens < 1 || top_k < 1 || hidden_size < 1 ||
         mm_mul_overflows_u64((uint64_t)max_tokens * (uint64_t)top_k, (uint64_t)hidden_size * 8, &tkh)) {
