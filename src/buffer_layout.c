@@ -62,8 +62,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         l->error = region(&off, 16);                        /* first bad id u64, count u32, late rank u32 */
         l->stage_arrivals = region(&off, 4);                /* u32 */
         l->splitk_ws = region(&off, splitk * splitk_block); /* [entries] 32 KB f32 partial sums */
-        l->splitk_counters = region(&off, splitk * MM_SPLITK_COUNTER_STRIDE * 4); /* i32 arrivals */
-        l->barrier = region(&off, (R + 1) * 8); /* u64 epoch, [R] u64 arrival flags */
+        l->splitk_counters = region(&off, splitk * 4);      /* [entries] i32 arrivals */
+        l->barrier = region(&off, (R + 1) * 8);             /* u64 epoch, [R] u64 arrival flags */
     }
     l->total = off;
 }

@@ -106,11 +106,8 @@ megamoe_backend megamoe_group_backend(const megamoe_group *group) {
 /* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 51) when a
  * process drives one rank: ranks on several GPUs (each remote row crosses NVLink once), or one GPU
  * with R = 1 when the warp-specialized kernels run (their token tile is then one TMA box). One
- * process driving several ranks (tests) does not (MM_GATHER = 1 makes it, to test that path). */
-static int gathers(const megamoe_group *g) {
-    if (MM_GATHER >= 0) return MM_GATHER && g->ops->device_memory;
-    return g->ops->device_memory && g->local_ranks == 1;
-}
+ * process driving several ranks (tests) does not. */
+static int gathers(const megamoe_group *g) { return g->ops->device_memory && g->local_ranks == 1; }
 
 static void layout_of(const megamoe_group *g, int num_experts, int max_tokens, int top_k, int hidden_size,
                       int intermediate_size, mm_buffer_layout *l) {

@@ -1,8 +1,8 @@
 /*
  * soak.c -- many random forwards of the CUDA backend, each against the CPU backend (issue 25 item 3).
  *
- * Every input is drawn afresh: a layer shape and format, T from 0 to T_max (0 and 1 often), routing
- * uniform, Zipf-skewed or onto one hot expert, -1 slots, whole tokens without an expert, padding,
+ * Every input is drawn afresh: a layer shape, format and activation mode, T from 0 to T_max (0 and 1 often),
+ * routing uniform, Zipf-skewed or onto one hot expert, -1 slots, whole tokens without an expert, padding,
  * rows holding NaN or +-Inf, x scaled over many decades. The CPU backend (one rank) computes the
  * reference; the CUDA backend runs the same input on R = 1..8 ranks of one GPU (every R that divides
  * the layer's E). Each device y must keep test_gpu's rules against the CPU (tu_compare_y, relative L2
@@ -50,15 +50,17 @@ static const soak_shape k_shapes[] = {
 };
 #define NUM_SHAPES (int)(sizeof k_shapes / sizeof k_shapes[0])
 
-/* The weight formats (and, where the layer has them, activation modes) every shape runs in. A new
- * mode is one more line here and one in make_config. */
+/* The weight formats and activation modes (SPEC §3, §3b) every shape runs in. A mode the backend
+ * under test refuses (UNSUPPORTED at layer creation) is skipped, and the soak says so. */
 typedef struct soak_variant {
     megamoe_weight_format format;
+    megamoe_activations activations;
     const char *name;
 } soak_variant;
 static const soak_variant k_variants[] = {
-    {MEGAMOE_FORMAT_NVFP4, "nvfp4"},
-    {MEGAMOE_FORMAT_BF16, "bf16"},
+    {MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, "nvfp4"},
+    {MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_BF16, "nvfp4-w4a16"},
+    {MEGAMOE_FORMAT_BF16, MEGAMOE_ACTIVATIONS_BF16, "bf16"},
 };
 #define NUM_VARIANTS (int)(sizeof k_variants / sizeof k_variants[0])
 
@@ -67,6 +69,7 @@ static megamoe_layer_config make_config(const soak_shape *s, const soak_variant 
     megamoe_layer_config_init(&c);
     c.name = "soak";
     c.format = v->format;
+    c.activations = v->activations;
     c.num_experts = s->E, c.top_k = s->K, c.hidden_size = s->H, c.intermediate_size = s->I;
     c.max_tokens = s->T_max;
     return c;
@@ -476,7 +479,8 @@ int main(int argc, char **argv) {
         free(S);
         return 77;
     }
-    printf("soak: %s, R = 1..%d ranks against the CPU backend, %d shapes x %d formats, seed %llu, %ld "
+    printf("soak: %s, R = 1..%d ranks against the CPU backend, %d shapes x %d format/activation modes, seed "
+           "%llu, %ld "
            "forwards%s\n",
            S->cpu_only ? "the CPU backend" : "the CUDA backend on one GPU", MAX_R, NUM_SHAPES, NUM_VARIANTS,
            (unsigned long long)seed, forwards, seconds > 0 ? " or the time limit" : "");

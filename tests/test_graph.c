@@ -33,6 +33,7 @@ static long g_replays = 10000;
 
 typedef struct graph_case {
     megamoe_weight_format format;
+    megamoe_activations activations;
     int R, E, K, H, I, T, T_max;
 } graph_case;
 
@@ -64,6 +65,7 @@ static void run_case(const graph_case *gc, uint64_t seed) {
     megamoe_layer_config_init(&c);
     c.name = "graph";
     c.format = gc->format;
+    c.activations = gc->activations;
     c.num_experts = gc->E, c.top_k = gc->K, c.hidden_size = gc->H, c.intermediate_size = gc->I;
     c.max_tokens = gc->T_max;
     tu_model m;
@@ -164,21 +166,21 @@ static void run_case(const graph_case *gc, uint64_t seed) {
 /* One rank (the gathering path: a process driving one rank), T = T_max. */
 static void test_replay_nvfp4_one_rank(void **state) {
     (void)state;
-    const graph_case gc = {MEGAMOE_FORMAT_NVFP4, 1, 16, 4, 512, 256, 64, 64};
+    const graph_case gc = {MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, 1, 16, 4, 512, 256, 64, 64};
     run_case(&gc, 11);
 }
 
 /* Two ranks on the GPU, T not a multiple of anything, ranks' halves of T_max. */
 static void test_replay_bf16_two_ranks(void **state) {
     (void)state;
-    const graph_case gc = {MEGAMOE_FORMAT_BF16, 2, 16, 4, 512, 256, 50, 32};
+    const graph_case gc = {MEGAMOE_FORMAT_BF16, MEGAMOE_ACTIVATIONS_BF16, 2, 16, 4, 512, 256, 50, 32};
     run_case(&gc, 12);
 }
 
 /* Decode: a few tokens over four ranks (the stage blocks route them). */
 static void test_replay_nvfp4_decode(void **state) {
     (void)state;
-    const graph_case gc = {MEGAMOE_FORMAT_NVFP4, 4, 32, 8, 256, 512, 7, 4};
+    const graph_case gc = {MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, 4, 32, 8, 256, 512, 7, 4};
     run_case(&gc, 13);
 }
 
