@@ -177,7 +177,6 @@ typedef struct mm_backend_ops {
     const char *name;         /* as in messages: "CPU", "CUDA", "NCCL"                           */
     int device_memory;        /* x, y and the communication buffer live in device memory        */
     int one_rank_per_process; /* the group drives exactly one rank (config.num_ranks must be 1) */
-    int w4a16;                /* runs NVFP4 weights with BF16 activations (SPEC §3b)             */
     int (*available)(void);   /* usable in this build and on this machine                       */
     /* Sets up the backend's state for the group (may change world_size, local and first rank). */
     megamoe_status (*group_init)(megamoe_group *group);

@@ -3,11 +3,10 @@
  * item 4). Before each replay, new x, topk_ids, topk_weights and padding are written into the device
  * buffers the graph reads; the replay's y must be bitwise equal to an eager forward of the same
  * inputs on the same layer, and megamoe_layer_check must find nothing wrong. The first replays and
- * every 1000th are also held to test_gpu's bound against the CPU backend, so graph and eager cannot
- * agree on a wrong y.
- *   test_graph [--replays N]   replays per case (default 10000; MEGAMOE_TEST_REPLAYS=N does the same)
- * Exits 77 (ctest: skipped, and said so) when this machine has no usable sm_90 GPU. Uses the public
- * header only.
+ * every 1000th are also held to test_gpu's bound (tu_device_tol) against the CPU backend, so graph and eager
+ * cannot agree on a wrong y. test_graph [--replays N]   replays per case (default 10000;
+ * MEGAMOE_TEST_REPLAYS=N does the same) Exits 77 (ctest: skipped, and said so) when this machine has no
+ * usable sm_90 GPU. Uses the public header only.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -140,16 +139,18 @@ static void run_case(const graph_case *gc, uint64_t seed) {
             char why[160];
             const double rel = tu_compare_y(&in, yg, yc, why, sizeof why);
             if (rel < 0) fail_msg("replay %ld against the CPU: %s", i, why);
-            if (!(rel <= TU_DEVICE_TOL))
-                fail_msg("replay %ld: relative L2 %.3e over %.0e", i, rel, TU_DEVICE_TOL);
+            if (!(rel <= tu_device_tol(&c)))
+                fail_msg("replay %ld: relative L2 %.3e over %.0e", i, rel, tu_device_tol(&c));
             if (rel > worst) worst = rel;
             against_cpu++;
         }
     }
     printf("  %s R=%d E=%d K=%d H=%d I=%d T=%d: %ld replays, each y bitwise equal to the eager forward; %ld "
            "against the CPU, worst rel L2 %.2e\n",
-           gc->format == MEGAMOE_FORMAT_NVFP4 ? "nvfp4" : "bf16 ", gc->R, gc->E, gc->K, gc->H, gc->I, T,
-           g_replays, against_cpu, worst);
+           gc->format == MEGAMOE_FORMAT_BF16             ? "bf16 "
+           : gc->activations == MEGAMOE_ACTIVATIONS_BF16 ? "w4a16"
+                                                         : "nvfp4",
+           gc->R, gc->E, gc->K, gc->H, gc->I, T, g_replays, against_cpu, worst);
     free(yg), free(ye), free(yc);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
@@ -177,6 +178,13 @@ static void test_replay_bf16_two_ranks(void **state) {
     run_case(&gc, 12);
 }
 
+/* NVFP4 weights with bf16 activations (W4A16, SPEC §3b), two ranks. */
+static void test_replay_w4a16_two_ranks(void **state) {
+    (void)state;
+    const graph_case gc = {MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_BF16, 2, 16, 4, 512, 256, 33, 24};
+    run_case(&gc, 14);
+}
+
 /* Decode: a few tokens over four ranks (the stage blocks route them). */
 static void test_replay_nvfp4_decode(void **state) {
     (void)state;
@@ -202,6 +210,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_replay_nvfp4_one_rank),
         cmocka_unit_test(test_replay_bf16_two_ranks),
         cmocka_unit_test(test_replay_nvfp4_decode),
+        cmocka_unit_test(test_replay_w4a16_two_ranks),
     };
     return cmocka_run_group_tests_name("graph", all, NULL, NULL) ? 1 : 0;
 }

@@ -199,6 +199,12 @@ megamoe_status tu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *i
     return megamoe_layer_forward(l, args, NULL);
 }
 
+double tu_device_tol(const megamoe_layer_config *c) {
+    return c->format == MEGAMOE_FORMAT_NVFP4 && c->activations == MEGAMOE_ACTIVATIONS_BF16
+               ? TU_DEVICE_TOL_W4A16
+               : TU_DEVICE_TOL;
+}
+
 double tu_compare_y(const tu_inputs *in, const uint16_t *y, const uint16_t *y_ref, char *why,
                     size_t why_len) {
     const int H = in->H;

@@ -181,12 +181,6 @@ int cmd_demo(int argc, char **argv) {
     for (int f = 0; f < 3 && !rc; f++) {
         if (f > 0 && activations >= 0 && (int)mode_act[f] != activations) continue;
         const megamoe_weight_format fmt = mode_format[f];
-        if (gpu && fmt == MEGAMOE_FORMAT_NVFP4 && mode_act[f] == MEGAMOE_ACTIVATIONS_BF16) {
-            printf("  %-11s not run: the device backends take NVFP4 weights with nvfp4 activations only, so "
-                   "far\n",
-                   mode_name[f]);
-            continue;
-        }
         /* Runs: the CPU reference with 1 rank, then the chosen backend with 1 and 4 ranks. */
         const megamoe_backend run_backend[3] = {MEGAMOE_BACKEND_CPU, backend, backend};
         const int run_ranks[3] = {1, 1, 4};
@@ -227,9 +221,10 @@ int cmd_demo(int argc, char **argv) {
                 snprintf(check, sizeof check, "bitwise equal to 1 rank: %s", same ? "yes" : "NO");
                 if (!same) rc = 1;
             } else if (ri == 1 && gpu) {
-                const double err = cli_rel_l2_bf16(y[f][1], y[f][0], xn);
+                /* test_gpu.c's bounds: 1e-3, and 2e-3 for NVFP4 weights with bf16 activations */
+                const double err = cli_rel_l2_bf16(y[f][1], y[f][0], xn), tol = f == 1 ? 2e-3 : 1e-3;
                 snprintf(check, sizeof check, "relative L2 vs CPU %.2e", err);
-                if (!(err <= 1e-3)) rc = cli_fail("demo: GPU differs from the CPU reference (%.3e)", err);
+                if (!(err <= tol)) rc = cli_fail("demo: GPU differs from the CPU reference (%.3e)", err);
             }
             printf("  %-11s %-7s %-6d %-13.3f %-10.1f %s\n", mode_name[f],
                    run_backend[ri] == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", R, best * 1e3, flop / best / 1e9,
@@ -378,7 +373,7 @@ int cmd_bench(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0, gemm = 0;
-    int activations = -1;
+    int activations = MEGAMOE_ACTIVATIONS_BF16;
     int Ts[32] = {256};
     uint64_t seed = 1;
     float peak_tflops = 795.0f;
@@ -441,7 +436,7 @@ int cmd_bench(int argc, char **argv) {
     megamoe_layer_config_init(&cfg);
     cfg.name = "bench";
     cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
-    cli_set_activations(&cfg, activations, gpus > 0 || backend != MEGAMOE_BACKEND_CPU);
+    cfg.activations = (megamoe_activations)activations;
     cfg.gemm_kernel = gemm;
     cfg.max_tokens = R > 0 ? (T_max + R - 1) / R : 1;
     if (gpus > 0) {

@@ -48,7 +48,6 @@ const mm_backend_ops mm_cpu_backend = {
     .name = "CPU",
     .device_memory = 0,
     .one_rank_per_process = 0,
-    .w4a16 = 1,
     .available = cpu_available,
     .group_init = cpu_group_init,
     .group_fini = cpu_group_fini,

@@ -264,6 +264,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     sh.I = l->config.intermediate_size;
     sh.T_max = l->config.max_tokens;
     sh.nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
+    sh.bf16_act = sh.nvfp4 && l->config.activations == MEGAMOE_ACTIVATIONS_BF16;
     sh.has_norm = cl->gamma != NULL;
     sh.clamp = l->config.activation_clamp;
     sh.eps = l->config.norm_eps;
@@ -352,7 +353,6 @@ const mm_backend_ops mm_cuda_backend = {
     "CUDA",                       /* name                 */
     1,                            /* device_memory        */
     0,                            /* one_rank_per_process */
-    0,                            /* w4a16                */
     mm_cuda_available,            /* available            */
     mm_cuda_group_init,           /* group_init           */
     mm_cuda_group_fini,           /* group_fini           */

@@ -40,7 +40,6 @@ const mm_backend_ops mm_cuda_backend = {
     .name = "CUDA",
     .device_memory = 1,
     .one_rank_per_process = 0,
-    .w4a16 = 0,
     .available = mm_cuda_available,
     .group_init = mm_cuda_group_init,
     .group_fini = mm_cuda_group_fini,

@@ -123,7 +123,6 @@ const mm_backend_ops mm_nccl_backend = {
     "NCCL",                       /* name                 */
     1,                            /* device_memory        */
     1,                            /* one_rank_per_process */
-    0,                            /* w4a16                */
     mm_nccl_available,            /* available            */
     mm_nccl_group_init,           /* group_init           */
     mm_cuda_group_fini,           /* group_fini           */

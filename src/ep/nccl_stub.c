@@ -24,7 +24,6 @@ const mm_backend_ops mm_nccl_backend = {
     .name = "NCCL",
     .device_memory = 1,
     .one_rank_per_process = 1,
-    .w4a16 = 0,
     .available = mm_nccl_available,
     .group_init = mm_nccl_group_init,
     .group_fini = mm_cuda_group_fini,
