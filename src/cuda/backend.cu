@@ -282,7 +282,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, route == ROUTE_WARP, s);
+        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, mm_group_rank(g, r), a, route == ROUTE_WARP, s);
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
@@ -350,7 +350,7 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
     memcpy(&late, cl->host_error + 12, 4);
     if (late) {
         memset(cl->host_error, 0, 16);
-        const int r0 = megamoe_group_rank(l->group, 0), r1 = r0 + l->group->local_ranks - 1;
+        const int r0 = mm_group_rank(l->group, 0), r1 = r0 + l->group->local_ranks - 1;
         if (r1 > r0) /* several local ranks (the test hold): any of them but the late one waited */
             return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
                                  "ranks %d..%d waited more than timeout_ms=%d for rank %u, which did not arrive; y "
@@ -371,3 +371,22 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
                          "written)",
                          rank, token, slot, id, l->config.num_experts, count, count == 1 ? "" : "s");
 }
+
+/* ---- The table of operations ----------------------------------------------------------------- */
+
+/* In member order (internal.h mm_backend_ops): C++17 has no designated initializers. */
+const mm_backend_ops mm_cuda_backend = {
+    "CUDA",                       /* name                 */
+    1,                            /* device_memory        */
+    0,                            /* one_rank_per_process */
+    mm_cuda_available,            /* available            */
+    mm_cuda_group_init,           /* group_init           */
+    mm_cuda_group_fini,           /* group_fini           */
+    mm_cuda_buffer_alloc,         /* buffer_alloc         */
+    mm_cuda_buffer_free,          /* buffer_free          */
+    mm_cuda_layer_finalize,       /* layer_finalize       */
+    mm_cuda_layer_free,           /* layer_free           */
+    mm_cuda_layer_resident_bytes, /* layer_resident_bytes */
+    mm_cuda_forward,              /* forward              */
+    mm_cuda_layer_check,          /* layer_check          */
+};
