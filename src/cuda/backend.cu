@@ -12,15 +12,6 @@
 #include "launch.h"
 #include "../weight_layout.h"
 
-static thread_local char t_message[512];
-
-megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line) {
-    snprintf(t_message, sizeof t_message, "%s failed: %s (%s:%d)", what, cudaGetErrorString(err), file, line);
-    return err == cudaErrorMemoryAllocation ? MEGAMOE_ERR_OUT_OF_MEMORY : MEGAMOE_ERR_CUDA;
-}
-
-const char *mm_cuda_last_message(void) { return t_message; }
-
 struct mm_cuda_group {
     int device;
 };
@@ -286,7 +277,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
-    const bool nccl = g->config.backend == MEGAMOE_BACKEND_NCCL;
+    const bool nccl = g->ops->one_rank_per_process;
     const int timeout_ms = l->config.timeout_ms;
     megamoe_status st = MEGAMOE_OK;
     /* The test hold: this backend's local ranks meet at the NCCL barrier too, on words it uses for
@@ -318,7 +309,7 @@ extern "C" megamoe_status mm_cuda_forward(megamoe_layer *l, const megamoe_forwar
     mm_cuda_layer *cl = (mm_cuda_layer *)l->device;
     cudaStream_t s = (cudaStream_t)stream;
     cl->last_stream = s;
-    t_message[0] = '\0';
+    mm_cuda_clear_message();
     megamoe_status st = enqueue(l, args, s);
     if (st != MEGAMOE_OK) return mm_layer_fail(l, st, "%s", mm_cuda_last_message());
     return MEGAMOE_OK;

@@ -153,6 +153,8 @@ int mm_cuda_group_device(const megamoe_group *g);
 megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line);
 /* The message of the last mm_cuda_error (host side, per thread). */
 const char *mm_cuda_last_message(void);
+/* Clears it, before a call whose failure message is read afterwards. */
+void mm_cuda_clear_message(void);
 
 /* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane): sign to bit 15,
  * e1 e0 m to bits 11..9 of each lane. Exact; the 2^-14 returns in the GEMM epilogues. */
