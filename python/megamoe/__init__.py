@@ -23,6 +23,7 @@ __all__ = [
     "__version__", "Error", "InvalidArgumentError", "OutOfMemoryError", "BadWeightError", "NotFinalizedError",
     "BadInputError", "IOError_", "FormatError", "UnsupportedError", "TimeoutError_", "CudaError", "NcclError",
     "InternalError", "ClosedError", "Group", "Layer", "Checkpoint", "backend_available", "status_string",
+    "save_safetensors", "quantize_checkpoint",
 ]
 
 __version__ = _lib.megamoe_version_string().decode()
@@ -451,3 +452,39 @@ def _layer_info(i):
             "naming": _capi.NAMING.get(i.naming, str(i.naming)), "num_experts": i.num_experts,
             "hidden_size": i.hidden_size, "intermediate_size": i.intermediate_size, "has_norm": bool(i.has_norm),
             "bytes": i.bytes}
+
+
+# ---- Files ---------------------------------------------------------------------------------------
+
+
+def save_safetensors(path, tensors):
+    """Writes {name: numpy array or CPU torch tensor} to a safetensors file (megamoe_safetensors_write)."""
+    items = list(tensors.items())
+    arr = (_capi.NamedTensor * max(len(items), 1))()
+    keep = []
+    for i, (name, t) in enumerate(items):
+        keep.append(name.encode())
+        arr[i].name = keep[-1]
+        arr[i].tensor = _c_tensor(t, name)
+    err = ctypes.create_string_buffer(512)
+    st = _lib.megamoe_safetensors_write(os.fspath(path).encode(), arr, len(items), err, len(err))
+    if st != _capi.OK:
+        _raise(st, err.value.decode())
+
+
+def quantize_checkpoint(in_path, out_path, calib_tokens=None, calib_seed=None, activation_clamp=None):
+    """BF16 expert weights of a checkpoint -> NVFP4 in the per-expert naming (what `megamoe quantize`
+    does; megamoe_quantize_checkpoint): a file in, a file out; a folder in, a folder out."""
+    opt = _capi.QuantizeOptions()
+    _lib.megamoe_quantize_options_init(ctypes.byref(opt))
+    if calib_tokens is not None:
+        opt.calib_tokens = int(calib_tokens)
+    if calib_seed is not None:
+        opt.calib_seed = int(calib_seed)
+    if activation_clamp is not None:
+        opt.activation_clamp = float(activation_clamp)
+    err = ctypes.create_string_buffer(512)
+    st = _lib.megamoe_quantize_checkpoint(os.fspath(in_path).encode(), os.fspath(out_path).encode(),
+                                          ctypes.byref(opt), err, len(err))
+    if st != _capi.OK:
+        _raise(st, err.value.decode())

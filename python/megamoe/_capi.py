@@ -103,7 +103,21 @@ class LayerInfo(ctypes.Structure):
     ]
 
 
+class NamedTensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("tensor", Tensor)]
+
+
 ProgressFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64)
+
+class QuantizeOptions(ctypes.Structure):
+    _fields_ = [
+        ("calib_tokens", ctypes.c_int),
+        ("calib_seed", ctypes.c_uint64),
+        ("activation_clamp", ctypes.c_float),
+        ("progress", ProgressFn),
+        ("progress_user", ctypes.c_void_p),
+    ]
+
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -142,6 +156,9 @@ _PROTOTYPES = {
     "megamoe_checkpoint_find_layers": (_I, [_P, ctypes.POINTER(LayerInfo), _I, ctypes.POINTER(_I)]),
     "megamoe_checkpoint_describe_layer": (_I, [_P, _S, ctypes.POINTER(LayerInfo)]),
     "megamoe_layer_load_checkpoint": (_I, [_P, _P, _S, ProgressFn, _P]),
+    "megamoe_safetensors_write": (_I, [_S, ctypes.POINTER(NamedTensor), _I, ctypes.c_char_p, ctypes.c_size_t]),
+    "megamoe_quantize_options_init": (None, [ctypes.POINTER(QuantizeOptions)]),
+    "megamoe_quantize_checkpoint": (_I, [_S, _S, ctypes.POINTER(QuantizeOptions), ctypes.c_char_p, ctypes.c_size_t]),
     "megamoe_quantize_nvfp4": (_I, [_P, ctypes.c_int64, ctypes.c_int64, _P, _P, ctypes.POINTER(ctypes.c_float)]),
 }
 
