@@ -14,7 +14,6 @@ adds the PyTorch op and module (and needs torch).
 import ctypes
 import os
 import threading
-import weakref
 
 from . import _capi
 from ._capi import lib as _lib
@@ -182,7 +181,9 @@ class Group:
         self.backend = backend
         self.device = int(device)
         self._handle = None
-        self._layers = weakref.WeakSet()
+        # Each open layer's handle, in a one-element list the layer shares: the group destroys the
+        # layers it still has before itself, in whatever order garbage collection finalizes them.
+        self._layer_cells = {}
         self._lock = threading.Lock()
         h = ctypes.c_void_p()
         st = _lib.megamoe_group_create(ctypes.byref(cfg), ctypes.byref(h))
@@ -224,8 +225,13 @@ class Group:
         """Closes every layer of the group, then the group. Idempotent."""
         if self._handle is None:
             return
-        for layer in list(self._layers):
-            layer.close()
+        with self._lock:
+            cells = list(self._layer_cells.values())
+            self._layer_cells.clear()
+        for cell in cells:
+            if cell[0] is not None:
+                _lib.megamoe_layer_destroy(cell[0])
+                cell[0] = None
         _lib.megamoe_group_destroy(self._handle)
         self._handle = None
 
@@ -276,7 +282,7 @@ class Layer:
         self.format = format
         self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
         self.hidden_size, self.intermediate_size, self.max_tokens = cfg.hidden_size, cfg.intermediate_size, cfg.max_tokens
-        self._handle = None
+        self._cell = [None]
         self._finalized = False
         h = ctypes.c_void_p()
         st = _lib.megamoe_layer_create(group._h(), ctypes.byref(cfg), ctypes.byref(h))
@@ -284,13 +290,18 @@ class Layer:
             msg = _lib.megamoe_layer_last_error(h).decode() if h.value else "out of memory"
             _lib.megamoe_layer_destroy(h)
             _raise(st, msg)
-        self._handle = h
-        group._layers.add(self)
+        self._cell[0] = h
+        with group._lock:
+            group._layer_cells[id(self._cell)] = self._cell
 
     # -- state
     @property
+    def _handle(self):
+        return self._cell[0]
+
+    @property
     def closed(self):
-        return self._handle is None
+        return self._cell[0] is None
 
     @property
     def finalized(self):
@@ -371,9 +382,14 @@ class Layer:
         self._check(_lib.megamoe_layer_check(self._h()))
 
     def close(self):
-        if self._handle is not None:
-            _lib.megamoe_layer_destroy(self._handle)
-            self._handle = None
+        cell = getattr(self, "_cell", None)
+        if cell is None:
+            return
+        with self.group._lock:
+            self.group._layer_cells.pop(id(cell), None)
+            h, cell[0] = cell[0], None
+        if h is not None:
+            _lib.megamoe_layer_destroy(h)
 
     def __del__(self):
         try:
