@@ -263,3 +263,16 @@ def test_empty_forward():
     m = tu.make_module(model, K=4, t_max=4)
     y = m(torch.zeros(0, 256, dtype=torch.bfloat16), torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32))
     assert tuple(y.shape) == (0, 256)
+
+
+def test_readme_python_section_runs(capsys):
+    """The README's "Python" section: its code block runs and prints what it says."""
+    import os
+    import re
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    section = readme.split("## Python", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 12
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip().startswith("torch.Size([16, 256]) torch.bfloat16")
