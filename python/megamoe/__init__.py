@@ -22,8 +22,11 @@ __all__ = [
     "__version__", "Error", "InvalidArgumentError", "OutOfMemoryError", "BadWeightError", "NotFinalizedError",
     "BadInputError", "IOError_", "FormatError", "UnsupportedError", "TimeoutError_", "CudaError", "NcclError",
     "InternalError", "ClosedError", "Group", "Layer", "Checkpoint", "backend_available", "status_string",
-    "save_safetensors", "quantize_checkpoint",
+    "save_safetensors", "quantize_checkpoint", "HAS_ACTIVATIONS",
 ]
+
+# Whether the C library has SPEC §3b's `activations` setting (NVFP4 weights with BF16 activations).
+HAS_ACTIVATIONS = _capi.HAS_ACTIVATIONS
 
 __version__ = _lib.megamoe_version_string().decode()
 
@@ -257,11 +260,24 @@ class Layer:
 
     def __init__(self, group, *, num_experts, top_k, hidden_size, intermediate_size, max_tokens, format="nvfp4",
                  name="", norm_eps=1e-6, norm_zero_centered=False, norm_gain_center=1.0, activation_clamp=0.0,
-                 timeout_ms=None, gemm_kernel=0):
+                 timeout_ms=None, gemm_kernel=0, activations=None):
         if format not in _capi.FORMAT:
             raise InvalidArgumentError(f"format={format!r}: expected 'nvfp4' or 'bf16'", 1)
-        cfg = _capi.LayerConfig()
+        cfg = _capi.LayerConfigType()
         _lib.megamoe_layer_config_init(ctypes.byref(cfg))
+        if activations is not None:
+            if activations not in _capi.ACTIVATIONS:
+                raise InvalidArgumentError(f"activations={activations!r}: expected 'bf16' or 'nvfp4'", 1)
+            if _capi.HAS_ACTIVATIONS:
+                cfg.activations = _capi.ACTIVATIONS[activations]
+            elif activations != format:
+                raise UnsupportedError(
+                    f"activations={activations!r} with {format} weights: this build of the C library computes "
+                    f"{format} layers with {format} activations only (no SPEC §3b setting)", 8)
+        if _capi.HAS_ACTIVATIONS:
+            self.activations = {v: k for k, v in _capi.ACTIVATIONS.items()}[cfg.activations]
+        else:
+            self.activations = format
         self._name_bytes = str(name).encode()
         cfg.name = self._name_bytes
         cfg.num_experts = int(num_experts)
@@ -399,7 +415,7 @@ class Layer:
 
     def __repr__(self):
         return (f"megamoe.Layer({self.name!r}, E={self.num_experts}, K={self.top_k}, H={self.hidden_size}, "
-                f"I={self.intermediate_size}, T_max={self.max_tokens}, {self.format}"
+                f"I={self.intermediate_size}, T_max={self.max_tokens}, {self.format}, activations={self.activations}"
                 f"{', closed' if self.closed else ''})")
 
 

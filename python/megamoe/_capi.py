@@ -51,22 +51,37 @@ class GroupConfig(ctypes.Structure):
     ]
 
 
+_LAYER_CONFIG_HEAD = [
+    ("name", ctypes.c_char_p),
+    ("num_experts", ctypes.c_int),
+    ("top_k", ctypes.c_int),
+    ("hidden_size", ctypes.c_int),
+    ("intermediate_size", ctypes.c_int),
+    ("max_tokens", ctypes.c_int),
+    ("format", ctypes.c_int),
+]
+_LAYER_CONFIG_TAIL = [
+    ("norm_eps", ctypes.c_float),
+    ("norm_zero_centered", ctypes.c_int),
+    ("norm_gain_center", ctypes.c_float),
+    ("activation_clamp", ctypes.c_float),
+    ("timeout_ms", ctypes.c_int),
+    ("gemm_kernel", ctypes.c_int),
+]
+
+
 class LayerConfig(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char_p),
-        ("num_experts", ctypes.c_int),
-        ("top_k", ctypes.c_int),
-        ("hidden_size", ctypes.c_int),
-        ("intermediate_size", ctypes.c_int),
-        ("max_tokens", ctypes.c_int),
-        ("format", ctypes.c_int),
-        ("norm_eps", ctypes.c_float),
-        ("norm_zero_centered", ctypes.c_int),
-        ("norm_gain_center", ctypes.c_float),
-        ("activation_clamp", ctypes.c_float),
-        ("timeout_ms", ctypes.c_int),
-        ("gemm_kernel", ctypes.c_int),
-    ]
+    """megamoe_layer_config of a library without the `activations` field."""
+    _fields_ = _LAYER_CONFIG_HEAD + _LAYER_CONFIG_TAIL
+
+
+class LayerConfigActivations(ctypes.Structure):
+    """megamoe_layer_config with `activations` (SPEC §3b) after `format`."""
+    _fields_ = _LAYER_CONFIG_HEAD + [("activations", ctypes.c_int)] + _LAYER_CONFIG_TAIL
+
+
+# enum megamoe_activations
+ACTIVATIONS = {"bf16": 0, "nvfp4": 1}
 
 
 class ForwardArgs(ctypes.Structure):
@@ -137,8 +152,8 @@ _PROTOTYPES = {
     "megamoe_group_rank": (_I, [_P, _I]),
     "megamoe_backend_available": (_I, [_I]),
     "megamoe_group_buffer_bytes": (_I, [_P, _I, _I, _I, _I, _I, ctypes.POINTER(ctypes.c_uint64)]),
-    "megamoe_layer_config_init": (None, [ctypes.POINTER(LayerConfig)]),
-    "megamoe_layer_create": (_I, [_P, ctypes.POINTER(LayerConfig), ctypes.POINTER(_P)]),
+    "megamoe_layer_config_init": (None, [_P]),
+    "megamoe_layer_create": (_I, [_P, _P, ctypes.POINTER(_P)]),
     "megamoe_layer_destroy": (None, [_P]),
     "megamoe_layer_last_error": (_S, [_P]),
     "megamoe_layer_load_weight": (_I, [_P, _S, ctypes.POINTER(Tensor)]),
@@ -211,4 +226,18 @@ def _load():
     return lib, nccl
 
 
+def _layer_config_type(lib):
+    """Which megamoe_layer_config the loaded library has: megamoe_layer_config_init sets norm_eps to
+    1e-6, at the offset after `format` (old layout) or after `activations` (SPEC §3b)."""
+    buf = (ctypes.c_char * 256)()
+    lib.megamoe_layer_config_init(buf)
+    for cls in (LayerConfigActivations, LayerConfig):
+        probe = cls.from_buffer_copy(bytes(buf)[:ctypes.sizeof(cls)])
+        if abs(probe.norm_eps - 1e-6) < 1e-12 and abs(probe.norm_gain_center - 1.0) < 1e-12:
+            return cls
+    raise ImportError("megamoe: the C library's megamoe_layer_config does not match this package")
+
+
 lib, nccl_lib = _load()
+LayerConfigType = _layer_config_type(lib)
+HAS_ACTIVATIONS = LayerConfigType is LayerConfigActivations

@@ -78,7 +78,7 @@ def test_forward_on_numpy_equals_cli(tmp_path):
         for R in (1, 2):
             g = megamoe.Group("cpu", num_ranks=R)
             layer = megamoe.Layer(g, num_experts=E, top_k=K, hidden_size=H, intermediate_size=I, max_tokens=T,
-                                  format="nvfp4", name="blk")
+                                  format="nvfp4", name="blk", **torchutil.spec3_activations("nvfp4"))
             layer.load_checkpoint(c, "blk")
             layer.finalize()
             mem = layer.memory()
@@ -97,7 +97,8 @@ def test_forward_on_numpy_equals_cli(tmp_path):
             y = np.concatenate(ys)
             inp, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
             mr.write_inputs(inp, x, ids, w, pad)
-            mr.run_cli("run", "--checkpoint", ck, "--input", inp, "--output", out, "--prefix", "blk")
+            mr.run_cli("run", "--checkpoint", ck, "--input", inp, "--output", out, "--prefix", "blk",
+                       *torchutil.cli_activations("nvfp4"))
             assert y.view(np.uint16).tobytes() == mr.st_load(out)["y"].view(np.uint16).tobytes()
             g.close()
             assert layer.closed

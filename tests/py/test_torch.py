@@ -54,7 +54,8 @@ def test_from_checkpoint(tmp_path, style, shards):
     else:
         ckpt = tmp_path / "model.safetensors"
         mr.st_save(ckpt, tensors)
-    m = MegaMoEExperts.from_checkpoint(ckpt, prefix, top_k=4, num_max_tokens_per_rank=64, device="cpu")
+    m = MegaMoEExperts.from_checkpoint(ckpt, prefix, top_k=4, num_max_tokens_per_rank=64, device="cpu",
+                                       **tu.spec3_activations("nvfp4"))
     assert m.finalized and m.is_nvfp4 and m.num_experts == 8 and m.post_expert_norm is not None
     y = m(*tu.torch_inputs(x, ids, w, pad))
     assert tu.same_bits(y, tu.make_module(model, K=4, t_max=64)(*tu.torch_inputs(x, ids, w, pad)))
@@ -64,7 +65,7 @@ def test_life_cycle_parameters_memory():
     model, *_ = layer_case("nvfp4")
     m = MegaMoEExperts(num_experts=8, num_local_experts=8, experts_start_idx=0, top_k=4, hidden_size=256,
                        intermediate_size=256, post_expert_norm=None, num_max_tokens_per_rank=64, is_nvfp4=True,
-                       prefix="blk", device="cpu")
+                       prefix="blk", device="cpu", **tu.spec3_activations("nvfp4"))
     expect = {"w13_weight": ((8, 512, 128), torch.uint8), "w13_weight_scale": ((8, 512, 16), torch.float8_e4m3fn),
               "w13_weight_scale_2": ((8, 2), torch.float32), "w13_input_scale": ((8, 2), torch.float32),
               "w2_weight": ((8, 256, 128), torch.uint8), "w2_weight_scale": ((8, 256, 16), torch.float8_e4m3fn),
@@ -165,7 +166,8 @@ def test_bad_inputs_raise_and_layer_keeps_working():
 def test_bad_scale_raises_and_loading_again_works():
     model, x, ids, w, pad = layer_case("nvfp4", T=16)
     m = MegaMoEExperts(num_experts=8, num_local_experts=8, experts_start_idx=0, top_k=4, hidden_size=256,
-                       intermediate_size=256, num_max_tokens_per_rank=16, is_nvfp4=True, prefix="Lq", device="cpu")
+                       intermediate_size=256, num_max_tokens_per_rank=16, is_nvfp4=True, prefix="Lq", device="cpu",
+                       **tu.spec3_activations("nvfp4"))
     weights = dict(tu.module_weights(model))
     bad = weights["w2_weight_scale_2"].clone()
     bad[5] = float("nan")
@@ -215,12 +217,41 @@ def test_modules_of_one_shape_share_a_group_and_buffer():
 def test_activations_setting():
     kw = dict(num_experts=8, num_local_experts=8, experts_start_idx=0, top_k=2, hidden_size=256, intermediate_size=256,
               num_max_tokens_per_rank=4, device="cpu")
-    assert MegaMoEExperts(is_nvfp4=True, **kw).activations == "nvfp4"
     assert MegaMoEExperts(is_nvfp4=False, activations="bf16", **kw).activations == "bf16"
     with pytest.raises(megamoe.InvalidArgumentError, match="activations='fp8'"):
         MegaMoEExperts(is_nvfp4=True, activations="fp8", **kw)
-    with pytest.raises(megamoe.Error, match="activations='nvfp4'"):
+    with pytest.raises(megamoe.Error, match="activations|ACTIVATIONS"):
         MegaMoEExperts(is_nvfp4=False, activations="nvfp4", **kw)
+    if megamoe.HAS_ACTIVATIONS:
+        # SPEC §3b: NVFP4 weights default to BF16 activations; NVFP4 activations on request
+        assert MegaMoEExperts(is_nvfp4=True, **kw).activations == "bf16"
+        assert MegaMoEExperts(is_nvfp4=True, activations="nvfp4", **kw).activations == "nvfp4"
+    else:
+        # the library computes NVFP4 layers with NVFP4 activations only (SPEC §3)
+        assert MegaMoEExperts(is_nvfp4=True, **kw).activations == "nvfp4"
+        with pytest.raises(megamoe.UnsupportedError, match="activations='bf16'"):
+            MegaMoEExperts(is_nvfp4=True, activations="bf16", **kw)
+
+
+@pytest.mark.skipif(not megamoe.HAS_ACTIVATIONS, reason="the C library has no activations setting (SPEC §3b)")
+def test_bf16_activations_differ_from_nvfp4_and_are_closer_to_the_weights():
+    """SPEC §3b: activations='bf16' leaves x and a unquantized, so its y is closer to the float64 layer
+    with unquantized activations than the NVFP4-activation layer's."""
+    model, x, ids, w, pad = layer_case("nvfp4", T=32, seed=21)
+    x = np.nan_to_num(x.astype(np.float32)).astype(mr.BF16)
+    a16 = tu.make_module(model, K=4, t_max=32, activations="bf16")(*tu.torch_inputs(x, ids, w, pad))
+    a4 = tu.make_module(model, K=4, t_max=32, activations="nvfp4")(*tu.torch_inputs(x, ids, w, pad))
+    assert not tu.same_bits(a16, a4)
+    bf = dict(model, format="bf16")
+    bf["w13"] = mr.decode_nvfp4(model["w13"], model["w13_sf"])
+    bf["w13"][:, :256] *= model["w13_s2"][:, 0, None, None]
+    bf["w13"][:, 256:] *= model["w13_s2"][:, 1, None, None]
+    bf["w2"] = mr.decode_nvfp4(model["w2"], model["w2_sf"]) * model["w2_s2"][:, None, None]
+    ref = mr.reference_layer(bf, x, ids, w, pad, gamma=model["norm"])
+    live = np.isfinite(ref).all(axis=1)
+    e16 = mr.rel_l2(tu.numpy_of(a16).astype(np.float64)[live], ref[live])
+    e4 = mr.rel_l2(tu.numpy_of(a4).astype(np.float64)[live], ref[live])
+    assert e16 < 1e-2 and e16 < e4 / 4, (e16, e4)
 
 
 def test_opcheck_cpu():

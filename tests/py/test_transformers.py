@@ -197,7 +197,8 @@ def test_quantized_experts_swap(tmp_path, kind, device):
         wb.experts.down_proj.data.copy_(dn)
     m16 = copy.deepcopy(model).to(torch.bfloat16)
     unquantized = copy.deepcopy(model).float()
-    hf.replace_experts(m16, max_tokens=tokens.numel(), device=device, checkpoint=nvfp4_path)
+    hf.replace_experts(m16, max_tokens=tokens.numel(), device=device, checkpoint=nvfp4_path,
+                       **tu.spec3_activations("nvfp4"))
     assert [b.experts.is_nvfp4 for _, b in hf.moe_blocks(m16)] == [True, True]
     force_routing(m16, [ref_model, weights_only, unquantized])
     mm = logits(m16, tokens, device)

@@ -29,7 +29,8 @@ def main(out_file, fmt):
     El = E // world
     m = MegaMoEExperts(num_experts=E, num_local_experts=El, experts_start_idx=rank * El, top_k=K, hidden_size=H,
                        intermediate_size=I, post_expert_norm=tu.Norm(model["norm"]), num_max_tokens_per_rank=T,
-                       is_nvfp4=fmt == "nvfp4", prefix="ep", process_group=dist.group.WORLD, device="cuda")
+                       is_nvfp4=fmt == "nvfp4", prefix="ep", process_group=dist.group.WORLD, device="cuda",
+                       **tu.spec3_activations(fmt))
     list(m.load_weights(tu.module_weights(model)))
     m.finalize_weights()
     X, W, ID, P = tu.torch_inputs(x, ids, w, pad, "cuda")

@@ -15,6 +15,20 @@ if os.environ.get("MEGAMOE_LIBRARY"):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 
 
+def spec3_activations(fmt):
+    """Keyword arguments that give a layer SPEC §3's numerics (NVFP4 activations for NVFP4 weights), the
+    ones tests/py/mmref.py computes, whether or not the library has the §3b setting."""
+    import megamoe
+
+    return {"activations": "nvfp4"} if fmt == "nvfp4" and megamoe.HAS_ACTIVATIONS else {}
+
+
+def cli_activations(fmt):
+    import megamoe
+
+    return ["--activations", "nvfp4"] if fmt == "nvfp4" and megamoe.HAS_ACTIVATIONS else []
+
+
 def cuda_gpu():
     """Whether torch sees a GPU and the library's CUDA backend can use it."""
     try:
@@ -78,7 +92,7 @@ def make_module(model, K, t_max, device="cpu", prefix="model.layers.0.mlp.expert
                        intermediate_size=model["I"],
                        post_expert_norm=Norm(model["norm"]) if norm and model["norm"] is not None else None,
                        num_max_tokens_per_rank=t_max, is_nvfp4=model["format"] == "nvfp4", prefix=prefix,
-                       device=device, **kw)
+                       device=device, **{**spec3_activations(model["format"]), **kw})
     list(m.load_weights(module_weights(model)))
     m.finalize_weights()
     return m
@@ -94,7 +108,7 @@ def cli_y(tmp_path, model, x, ids, w, pad, extra=()):
     ckpt, inp, out = tmp_path / "cli_model.safetensors", tmp_path / "cli_in.safetensors", tmp_path / "cli_y.safetensors"
     mr.st_save(ckpt, mr.checkpoint_tensors(model, "", "stacked"))
     mr.write_inputs(inp, x, ids, w, pad)
-    mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, *extra)
+    mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, *cli_activations(model["format"]), *extra)
     return mr.st_load(out)["y"]
 
 

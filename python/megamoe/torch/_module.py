@@ -12,8 +12,6 @@ from torch import nn
 import megamoe
 from . import _dist, _op
 
-ACTIVATIONS = ("bf16", "nvfp4")
-
 # One megamoe.Group per (backend, device, process group): the C library shares one communication
 # buffer per group and layer shape, so layers of one shape share it here too (SPEC §7).
 _groups = {}
@@ -94,7 +92,6 @@ class MegaMoEExperts(nn.Module):
         self.max_num_tokens = num_max_tokens_per_rank
         self.post_expert_norm = post_expert_norm
         self.is_nvfp4 = is_nvfp4
-        self.activations = self._check_activations(activations, is_nvfp4)
         self.process_group = process_group
         self.run_device = torch.device(device) if device is not None else _default_device()
         if self.run_device.type == "cuda" and self.run_device.index is None:
@@ -114,27 +111,14 @@ class MegaMoEExperts(nn.Module):
             norm_eps=float(getattr(norm, "variance_epsilon", 1e-6)) if norm is not None else 1e-6,
             norm_zero_centered=bool(getattr(norm, "zero_centered_gamma", False)) if norm is not None else False,
             norm_gain_center=float(getattr(norm, "gain_center", 1.0)) if norm is not None else 1.0,
-            activation_clamp=activation_clamp)
+            activation_clamp=activation_clamp, activations=activations)
+        self.activations = self._layer.activations
         self._layer_id = _op.register(self._layer)
         weakref.finalize(self, _op.unregister, self._layer_id)
 
         self._param_names = ()
         if _allocate:
             self._make_params()
-
-    @staticmethod
-    def _check_activations(activations, is_nvfp4):
-        # The C library computes NVFP4 layers with NVFP4 activations (SPEC §3) and BF16 layers in BF16.
-        native = "nvfp4" if is_nvfp4 else "bf16"
-        if activations is None:
-            return native
-        if activations not in ACTIVATIONS:
-            raise megamoe.InvalidArgumentError(f"activations={activations!r}: expected 'bf16' or 'nvfp4'", 1)
-        if activations != native:
-            raise megamoe.UnsupportedError(
-                f"activations={activations!r} with {'NVFP4' if is_nvfp4 else 'BF16'} weights: this build computes "
-                f"only activations={native!r} for them", 8)
-        return activations
 
     # ---- parameters (checkpoint layout, host memory until finalize_weights) ----------------------
 

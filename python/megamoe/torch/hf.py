@@ -41,12 +41,13 @@ def _top_k(block, model):
     return int(k)
 
 
-def replace_experts(model, *, max_tokens, device=None, checkpoint=None):
+def replace_experts(model, *, max_tokens, device=None, checkpoint=None, activations=None):
     """Replaces the experts of every sparse-MoE block of a transformers model by HFExperts and returns
     the block names. BF16: the model's own expert weights (gate_up_proj rows are gate then up, as
     megamoe's w13). checkpoint: instead, the layer `{block name}` of a megamoe checkpoint (e.g. the
     NVFP4 output of `megamoe quantize`). max_tokens: the most tokens one forward passes (batch x
-    sequence). device: where the experts run (default: where the block's weights are)."""
+    sequence). device: where the experts run (default: where the block's weights are). activations:
+    SPEC §3b's setting for NVFP4 layers (None: the library's default)."""
     blocks = moe_blocks(model)
     if not blocks:
         raise ValueError(
@@ -61,7 +62,7 @@ def replace_experts(model, *, max_tokens, device=None, checkpoint=None):
         top_k = _top_k(block, model)
         if checkpoint is not None:
             new = HFExperts.from_checkpoint(checkpoint, name, top_k=top_k, num_max_tokens_per_rank=max_tokens,
-                                            device=dev)
+                                            device=dev, activations=activations)
         else:
             E, I2, H = ex.gate_up_proj.shape
             new = HFExperts(num_experts=E, num_local_experts=E, experts_start_idx=0, top_k=top_k, hidden_size=H,
