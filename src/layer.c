@@ -27,6 +27,7 @@ void megamoe_layer_config_init(megamoe_layer_config *config) {
     memset(config, 0, sizeof *config);
     config->name = "moe";
     config->format = MEGAMOE_FORMAT_NVFP4;
+    config->activations = MEGAMOE_ACTIVATIONS_BF16;
     config->norm_eps = 1e-6f;
     config->norm_gain_center = 1.0f;
     config->timeout_ms = 10000;
@@ -37,6 +38,15 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
     const int R = g->world_size;
     if (c->format != MEGAMOE_FORMAT_NVFP4 && c->format != MEGAMOE_FORMAT_BF16) {
         mm_set_error(msg, "format %d is neither NVFP4 (0) nor BF16 (1)", (int)c->format);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (c->activations != MEGAMOE_ACTIVATIONS_BF16 && c->activations != MEGAMOE_ACTIVATIONS_NVFP4) {
+        mm_set_error(msg, "activations %d is neither BF16 (0) nor NVFP4 (1)", (int)c->activations);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (c->format == MEGAMOE_FORMAT_BF16 && c->activations != MEGAMOE_ACTIVATIONS_BF16) {
+        mm_set_error(msg, "activations=NVFP4 needs NVFP4 weights: a BF16-weight layer accepts only BF16 "
+                          "activations (SPEC §3b)");
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->num_experts < 1 || c->num_experts % R != 0) {
@@ -81,9 +91,9 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
                      (double)c->activation_clamp);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (c->gemm_kernel < 0 || c->gemm_kernel > 5) {
+    if ((int)c->gemm_kernel < MEGAMOE_GEMM_AUTO || (int)c->gemm_kernel > MEGAMOE_GEMM_WS64) {
         mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming), 4 (warp-specialized) or 5 (warp-specialized, 64-token blocks)",
-                     c->gemm_kernel);
+                     (int)c->gemm_kernel);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->timeout_ms < 1) {

@@ -30,6 +30,9 @@ int cli_parse_u64(const char *s, uint64_t *out);
 /* "cpu" or "cuda" (and "auto" = cuda when a usable GPU is there, else cpu, where allow_auto). */
 int cli_parse_backend(const char *s, int allow_auto, megamoe_backend *out);
 
+/* "bf16" or "nvfp4" (SPEC §3b) into *out (a megamoe_activations); 1 on success. */
+int cli_parse_activations(const char *s, int *out);
+
 /* Seeded random numbers (splitmix64 + Box-Muller). */
 typedef struct cli_rng {
     uint64_t state;

@@ -73,6 +73,16 @@ int cli_parse_backend(const char *s, int allow_auto, megamoe_backend *out) {
     return 1;
 }
 
+int cli_parse_activations(const char *s, int *out) {
+    if (strcmp(s, "bf16") == 0)
+        *out = MEGAMOE_ACTIVATIONS_BF16;
+    else if (strcmp(s, "nvfp4") == 0)
+        *out = MEGAMOE_ACTIVATIONS_NVFP4;
+    else
+        return 0;
+    return 1;
+}
+
 uint64_t cli_rng_next(cli_rng *r) {
     uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
