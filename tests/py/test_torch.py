@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import mmref as mr  # noqa: E402
 import torchutil as tu  # noqa: E402
-from test_layer_reference import TOL, check_rows  # noqa: E402
+from test_layer_reference import TOL, check_rows, tol_key  # noqa: E402
 
 import megamoe  # noqa: E402
 from megamoe.torch import MegaMoEExperts  # noqa: E402
@@ -23,20 +23,27 @@ def layer_case(fmt, E=8, K=4, H=256, I=256, T=40, seed=5):
     return model, x, ids, w, pad
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
-def test_module_equals_cli_and_reference(tmp_path, fmt):
+MODES = [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16", "bf16")]  # (weights, activations: SPEC §3, §3b, §4)
+
+
+@pytest.mark.parametrize("fmt,act", MODES)
+def test_module_equals_cli_and_reference(tmp_path, fmt, act):
+    if act != fmt and not megamoe.HAS_ACTIVATIONS:
+        pytest.skip("the C library has no activations setting (SPEC §3b)")
     model, x, ids, w, pad = layer_case(fmt)
-    m = tu.make_module(model, K=4, t_max=64)
+    m = tu.make_module(model, K=4, t_max=64, activations=act)
+    assert m.activations == act
     y = m(*tu.torch_inputs(x, ids, w, pad))
     assert y.dtype == torch.bfloat16 and tuple(y.shape) == x.shape
-    y_cli = tu.cli_y(tmp_path, model, x, ids, w, pad)
+    y_cli = tu.cli_y(tmp_path, model, x, ids, w, pad, activations=act if megamoe.HAS_ACTIVATIONS else None)
     assert tu.same_bits(y, y_cli), "the module's y differs from `megamoe run` on the same layer"
     yn = tu.numpy_of(y)
     check_rows(yn, x, ids, pad)
-    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"])
+    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"], activations=act)
     live = np.isfinite(ref).all(axis=1)
     err = mr.rel_l2(yn.astype(np.float64)[live], mr.bf16_round(ref[live]))
-    assert err <= TOL[fmt], f"relative L2 {err:.2e} over {TOL[fmt]}"
+    tol = TOL[tol_key(fmt, act)]
+    assert err <= tol, f"relative L2 {err:.2e} over {tol}"
     # int64 ids and bf16 routing weights (what models produce) are converted, same result
     y2 = m(tu.torch_of(x), tu.torch_of(w).bfloat16().float(), tu.torch_of(ids).long(), tu.torch_of(pad))
     y3 = m(tu.torch_of(x), tu.torch_of(w).bfloat16(), tu.torch_of(ids).long(), tu.torch_of(pad))

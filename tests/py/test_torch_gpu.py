@@ -17,8 +17,10 @@ import megamoe  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not tu.cuda_gpu(), reason="no GPU for the CUDA backend: GPU tests not run")
 
-# The GPU's y against the float64 reference (tests/py/test_multi_gpu.py explains the BF16 bound).
-TOL_GPU = {"nvfp4": 5e-3, "bf16": 1e-3}
+from test_multi_gpu import TOL_GPU  # noqa: E402  (the GPU's bounds against the float64 reference)
+from test_layer_reference import tol_key  # noqa: E402
+
+MODES = [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16", "bf16")]  # (weights, activations)
 DEV = "cuda"
 
 
@@ -34,20 +36,21 @@ def new_inputs(T, K, H, E, seed):
     return tu.torch_inputs(x, ids, w, pad, DEV)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
-def test_cuda_module_against_reference(fmt):
+@pytest.mark.parametrize("fmt,act", MODES)
+def test_cuda_module_against_reference(fmt, act):
     model, x, ids, w, pad = case(fmt)
-    m = tu.make_module(model, K=4, t_max=64, device=DEV)
+    m = tu.make_module(model, K=4, t_max=64, device=DEV, activations=act)
     y = m(*tu.torch_inputs(x, ids, w, pad, DEV))
     m.check()
     assert y.is_cuda and y.dtype == torch.bfloat16
     yn = tu.numpy_of(y)
     check_rows(yn, x, ids, pad)
-    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"])
+    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"], activations=act)
     live = np.isfinite(ref).all(axis=1)
     err = mr.rel_l2(yn.astype(np.float64)[live], mr.bf16_round(ref[live]))
-    print(f"rel_l2 {fmt} cuda: {err:.2e}")
-    assert err <= TOL_GPU[fmt], f"relative L2 {err:.2e} over {TOL_GPU[fmt]}"
+    tol = TOL_GPU[tol_key(fmt, act)]
+    print(f"rel_l2 {fmt} activations {act} cuda: {err:.2e}")
+    assert err <= tol, f"relative L2 {err:.2e} over {tol}"
     mem = m.memory()
     assert mem["checkpoint_bytes"] == 0 and mem["weight_bytes"] > 0
 
@@ -62,11 +65,11 @@ def test_opcheck_cuda(fmt):
     torch.library.opcheck(torch.ops.megamoe.experts.default, (m._layer_id, X, W, ID, None))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "bf16"])
-def test_cuda_graph_replay_equals_eager(fmt):
+@pytest.mark.parametrize("fmt,act", MODES)
+def test_cuda_graph_replay_equals_eager(fmt, act):
     E, K, H, T = 16, 4, 512, 40
     model, *_ = case(fmt, T=T)
-    m = tu.make_module(model, K=K, t_max=64, device=DEV)
+    m = tu.make_module(model, K=K, t_max=64, device=DEV, activations=act)
     sx, sw, sid, sp = new_inputs(T, K, H, E, seed=100)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -85,6 +85,7 @@ class Norm:
 
 
 def make_module(model, K, t_max, device="cpu", prefix="model.layers.0.mlp.experts", norm=True, **kw):
+    """A finalized MegaMoEExperts of an mmref model; NVFP4 with SPEC §3's activations unless kw says."""
     from megamoe.torch import MegaMoEExperts
 
     E = model["E"]
@@ -103,12 +104,15 @@ def torch_inputs(x, ids, w, pad, device="cpu"):
             None if pad is None else torch_of(pad).to(device))
 
 
-def cli_y(tmp_path, model, x, ids, w, pad, extra=()):
+def cli_y(tmp_path, model, x, ids, w, pad, extra=(), activations=None):
     """y of `megamoe run` (the CPU backend) on the same layer and inputs."""
+    if activations is not None:
+        extra = ("--activations", activations, *extra)
     ckpt, inp, out = tmp_path / "cli_model.safetensors", tmp_path / "cli_in.safetensors", tmp_path / "cli_y.safetensors"
     mr.st_save(ckpt, mr.checkpoint_tensors(model, "", "stacked"))
     mr.write_inputs(inp, x, ids, w, pad)
-    mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, *cli_activations(model["format"]), *extra)
+    mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out,
+               *(cli_activations(model["format"]) if activations is None else ()), *extra)
     return mr.st_load(out)["y"]
 
 
