@@ -51,6 +51,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="mixtral", choices=["mixtral", "qwen3_moe"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--activations", default=None, choices=["bf16", "nvfp4"],
+                    help="the NVFP4 layers' activations (SPEC §3b; default: the library's, bf16)")
     a = ap.parse_args()
     model = small_model(a.model)
     tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -65,7 +67,9 @@ def main():
         megamoe.save_safetensors(f"{d}/experts_bf16.safetensors", hf.expert_tensors(model))
         megamoe.quantize_checkpoint(f"{d}/experts_bf16.safetensors", f"{d}/experts_nvfp4.safetensors")
         q = copy.deepcopy(model).to(torch.bfloat16)
-        hf.replace_experts(q, max_tokens=tokens.numel(), device=a.device, checkpoint=f"{d}/experts_nvfp4.safetensors")
+        hf.replace_experts(q, max_tokens=tokens.numel(), device=a.device, checkpoint=f"{d}/experts_nvfp4.safetensors",
+                           activations=a.activations)
+        act = hf.moe_blocks(q)[0][1].experts.activations
         quantized = run(q, tokens, a.device)
 
     def rel(x):
@@ -75,9 +79,9 @@ def main():
     print(f"{a.model} on {a.device}, megamoe {megamoe.__version__}; experts replaced in {names}")
     print("logits[0, -1, :6]  transformers bf16:", original[0, -1, :6])
     print("logits[0, -1, :6]  megamoe bf16:     ", swapped[0, -1, :6])
-    print("logits[0, -1, :6]  megamoe nvfp4:    ", quantized[0, -1, :6])
+    print(f"logits[0, -1, :6]  megamoe nvfp4 ({act} activations):", quantized[0, -1, :6])
     print(f"relative L2 to the float32 model: transformers bf16 {rel(original):.3e}, megamoe bf16 {rel(swapped):.3e}, "
-          f"megamoe nvfp4 {rel(quantized):.3e}")
+          f"megamoe nvfp4 ({act} activations) {rel(quantized):.3e}")
     agree = (swapped.argmax(-1) == original.argmax(-1)).float().mean()
     print(f"next-token argmax agreement, megamoe bf16 vs transformers bf16: {agree:.1%}")
 

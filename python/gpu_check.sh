@@ -24,6 +24,7 @@ python3 -m pytest -q -rs -s -p no:cacheprovider tests/py/test_binding.py tests/p
   tests/py/test_transformers.py tests/py/test_torch_multi_gpu.py tests/py/test_torch.py 2>&1 | tee "$OUTDIR/pytest.log"
 rc=${PIPESTATUS[0]}
 python3 examples/transformers_swap.py --device cuda 2>&1 | tee "$OUTDIR/transformers_swap.log"
+python3 examples/transformers_swap.py --device cuda --model qwen3_moe --activations nvfp4 2>&1 | tee -a "$OUTDIR/transformers_swap.log"
 python3 examples/bench_op.py 2>&1 | tee "$OUTDIR/bench_op.log"
 python3 examples/bench_op.py --format bf16 --tokens 1,128 2>&1 | tee -a "$OUTDIR/bench_op.log"
 exit "$rc"
