@@ -21,6 +21,7 @@ _lock = threading.Lock()
 
 def register(layer):
     """Makes a megamoe.Layer reachable from the op; returns its key."""
+    layer._torch_device = _layer_device(layer)
     with _lock:
         key = next(_ids)
         _registry[key] = layer
@@ -64,8 +65,33 @@ def _check_tensor(layer, what, t, dtypes, shape, device):
             f"{where}: not contiguous (strides {tuple(t.stride())}); pass .contiguous()", 1)
 
 
+_BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
+
+
 def validate(layer, hidden_states, topk_weights, topk_ids, is_padding):
-    """Raises megamoe.InvalidArgumentError / BadInputError naming the argument and value."""
+    """Raises megamoe.InvalidArgumentError / BadInputError naming the argument and value. The common
+    case (everything right) is one expression; the messages are built only on the slow path."""
+    try:
+        dev = layer._torch_device
+        x, w, ids = hidden_states, topk_weights, topk_ids
+        T = x.shape[0]
+        if (layer._cell[0] is not None and layer.finalized and T <= layer.max_tokens and x.dim() == 2
+                and x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32
+                and x.shape[1] == layer.hidden_size and w.shape == ids.shape and w.dim() == 2
+                and w.shape[0] == T and w.shape[1] == layer.top_k
+                and x.device == dev and w.device == dev and ids.device == dev
+                and x.is_contiguous() and w.is_contiguous() and ids.is_contiguous()
+                and (is_padding is None or (is_padding.dtype in (torch.bool, torch.uint8) and is_padding.dim() == 1
+                                            and is_padding.shape[0] == T and is_padding.device == dev
+                                            and is_padding.is_contiguous()))
+                and (dev.type == "cpu" or T == 0 or x.data_ptr() % 16 == 0)):
+            return
+    except (AttributeError, TypeError, IndexError):
+        pass
+    _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding)
+
+
+def _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding):
     if layer.closed:
         layer._h()  # raises ClosedError with the reason
     if not layer.finalized:
@@ -103,8 +129,8 @@ def experts(layer_id: int, hidden_states: torch.Tensor, topk_weights: torch.Tens
     if hidden_states.is_cuda:
         stream = torch.cuda.current_stream(hidden_states.device).cuda_stream
     pad = is_padding.data_ptr() if is_padding is not None else 0
-    layer.forward_ptrs([(hidden_states.shape[0], hidden_states.data_ptr(), topk_ids.data_ptr(),
-                         topk_weights.data_ptr(), pad, y.data_ptr())], stream)
+    layer.forward1(hidden_states.shape[0], hidden_states.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), pad,
+                   y.data_ptr(), stream)
     return y
 
 
