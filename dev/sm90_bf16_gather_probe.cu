@@ -39,9 +39,7 @@ static_assert(BK == 64, "K step: the library's BK (gemm/fragments.cuh)");
 #define SMEM (STAGES * STAGE_BYTES + 1024)
 static_assert(LAG <= STAGES - 2, "a producer thread signals a stage before it waits for a later one");
 
-__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
+/* cp_async16_zfill: the library's (ptx/cp_async.cuh) */
 /* out[m][n] = sum_k x[idx[m0 + m]][k] . w[n][k]; w as images [N / 256][K / 64][32 KB]. */
 __global__ void __launch_bounds__(THREADS, 1)
     bf16_gather_gemm(const __nv_bfloat16 *x, const int *idx, const uint8_t *w_img, __nv_bfloat16 *out, int M, int N,

@@ -185,9 +185,9 @@ typedef struct megamoe_layer_config {
     float norm_gain_center; /* default 1.0                                                */
     float activation_clamp; /* C > 0 clamps gate and up before SwiGLU; 0 = off (default)    */
     int timeout_ms;         /* bound on every wait for another rank (default 10000)        */
-    megamoe_gemm_kernel gemm_kernel; /* device backends' expert GEMMs: MEGAMOE_GEMM_AUTO (default)
-                                        or a forced kernel, for tests and benchmarks only: every
-                                        rank must pass the same value */
+    /* Device backends' expert GEMMs: MEGAMOE_GEMM_AUTO (default) or a forced kernel, for tests and
+     * benchmarks only: every rank must pass the same value. */
+    megamoe_gemm_kernel gemm_kernel;
 } megamoe_layer_config;
 
 typedef struct megamoe_layer megamoe_layer;

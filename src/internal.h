@@ -19,12 +19,14 @@ void mm_set_error(char *dst, const char *fmt, ...) __attribute__((format(printf,
 void mm_set_errorv(char *dst, const char *fmt, va_list ap);
 
 /* Multiplications that report overflow instead of wrapping. */
-int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out);
+static inline int mm_mul_overflows_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
 
 /* ---- The communication buffer (SPEC §7) ----------------------------------------------------------
  * One per (group, E, T_max, K, H, I), shared by every layer of that shape and by both formats.
  * Per rank it holds the staged inputs of that rank's tokens and the expert outputs that come back
- * to them. Its byte layout is defined once, by mm_buffer_layout(). */
+ * to them. Its byte layout is defined once, by mm_buffer_layout_compute() (buffer_layout.c). */
 typedef struct mm_buffer_layout {
     uint64_t num_tokens;   /* i32: T of this rank's current forward                             */
     uint64_t topk_ids;     /* [T_max, K] i32 global expert ids                                  */
@@ -47,13 +49,12 @@ typedef struct mm_buffer_layout {
                               /* writes it: sm90_route_orders_tiles), for the streaming kernel       */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
-    uint64_t xg;              /* api.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
+    uint64_t xg;              /* group.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
     uint64_t route_chunks;    /* E_r <= MM_ROUTE_CHUNK_EXPERTS, else 0: [R * route_chunks_per_src,   */
                               /* E_r] i32 per (home rank's chunk of MM_ROUTE_CHUNK slots, local      */
                               /* expert): the chunk's slots routed there, then its first slot row    */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
-    uint64_t stage_arrivals;  /* u32 stage blocks done, when the last one routes (few slots), self-reset */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
     uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
     uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */
@@ -99,6 +100,7 @@ typedef struct mm_buffer {
 
 struct megamoe_group {
     megamoe_group_config config;
+    const struct mm_backend_ops *ops; /* config.backend's operations, picked at creation */
     int world_size;     /* R                                          */
     int local_ranks;    /* ranks this process drives                  */
     int first_rank;     /* global rank of local rank 0                */
@@ -107,6 +109,12 @@ struct megamoe_group {
     void *device;       /* the CUDA backend's state, NULL on the CPU  */
     char error[MM_ERR_LEN];
 };
+
+/* The global rank of a local rank; the backends' way to megamoe_group_rank (they never call up into
+ * the API boundary). */
+static inline int mm_group_rank(const megamoe_group *group, int local_rank) {
+    return group->first_rank + local_rank;
+}
 
 /* Gets (creating on first use) the buffer of a shape; releases it when the last layer goes. */
 megamoe_status mm_group_acquire_buffer(megamoe_group *group, const megamoe_layer_config *config,
@@ -162,24 +170,58 @@ megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const 
 
 /* ---- Backends -------------------------------------------------------------------------------------- */
 
+/* What the API boundary asks of a backend. Each backend defines one table; the group picks its
+ * backend's table once, at creation, and every later call goes through it. */
+typedef struct mm_backend_ops {
+    const char *name;         /* as in messages: "CPU", "CUDA", "NCCL"                           */
+    int device_memory;        /* x, y and the communication buffer live in device memory        */
+    int one_rank_per_process; /* the group drives exactly one rank (config.num_ranks must be 1) */
+    int (*available)(void);   /* usable in this build and on this machine                       */
+    /* Sets up the backend's state for the group (may change world_size, local and first rank). */
+    megamoe_status (*group_init)(megamoe_group *group);
+    void (*group_fini)(megamoe_group *group);
+    /* Allocates every local rank's buffer (buffer->rank_base) for buffer->layout; on failure nothing
+     * stays allocated. */
+    megamoe_status (*buffer_alloc)(megamoe_group *group, mm_buffer *buffer);
+    void (*buffer_free)(megamoe_group *group, mm_buffer *buffer);
+    /* Brings the loaded weights into the backend's layout; a backend that keeps layer->device sets
+     * layer->finalize_peak_bytes (without, the peak is the checkpoint layout's size). */
+    megamoe_status (*layer_finalize)(megamoe_layer *layer);
+    void (*layer_free)(megamoe_layer *layer);
+    uint64_t (*layer_resident_bytes)(const megamoe_layer *layer); /* of layer->device's weights */
+    /* The arguments are checked; stream is the caller's (cudaStream_t), unused on the CPU. */
+    megamoe_status (*forward)(megamoe_layer *layer, const megamoe_forward_args *args, void *stream);
+    /* Waits for the last forward and reports what it found (bad ids, a rank that did not arrive). */
+    megamoe_status (*layer_check)(megamoe_layer *layer);
+} mm_backend_ops;
+
+extern const mm_backend_ops mm_cpu_backend;  /* src/cpu/backend.c */
+extern const mm_backend_ops mm_cuda_backend; /* src/cuda/backend.cu; src/cuda/stub.c without CUDA */
+extern const mm_backend_ops mm_nccl_backend; /* src/ep/nccl.cu; src/ep/nccl_stub.c without NCCL */
+
+/* The CPU backend's forward (src/cpu/forward.c). */
 megamoe_status mm_cpu_forward(megamoe_layer *layer, const megamoe_forward_args *args);
 
-/* The CUDA backend (src/cuda/; src/cuda/stub.c when the build has no CUDA compiler). */
+/* The CUDA backend's entry points, which the NCCL backend shares (the kernels are the same). */
 int mm_cuda_available(void);
 megamoe_status mm_cuda_group_init(megamoe_group *group);
 void mm_cuda_group_fini(megamoe_group *group);
 megamoe_status mm_cuda_buffer_alloc(megamoe_group *group, mm_buffer *buffer);
+void mm_cuda_buffer_free(megamoe_group *group, mm_buffer *buffer);
 /* Zeroes the split-K counters and the barrier words of the local ranks' buffers. */
 megamoe_status mm_cuda_buffer_init(megamoe_group *group, mm_buffer *buffer);
-void mm_cuda_buffer_free(megamoe_group *group, mm_buffer *buffer);
 /* Uploads the weights into the kernel layout and frees the host copies. */
 megamoe_status mm_cuda_layer_finalize(megamoe_layer *layer);
 void mm_cuda_layer_free(megamoe_layer *layer);
 uint64_t mm_cuda_layer_resident_bytes(const megamoe_layer *layer);
 megamoe_status mm_cuda_forward(megamoe_layer *layer, const megamoe_forward_args *args, void *stream);
 megamoe_status mm_cuda_layer_check(megamoe_layer *layer);
+/* Test only (tests/test_gpu_timeout.c): from the next forward of this finalized device layer, its ranks
+ * meet at the cross-rank barrier where global rank `rank` never arrives (-1: none, the default), so the
+ * others time out after timeout_ms. UNSUPPORTED in a build without the CUDA backend. */
+megamoe_status mm_test_hold_rank(megamoe_layer *layer, int rank);
 
-/* The NCCL backend (src/ep/nccl.cu; src/ep/nccl_stub.c without NCCL's device API). */
+/* The NCCL backend's own entry points (its table's; the layer's operations are the CUDA ones). */
 int mm_nccl_available(void);
 megamoe_status mm_nccl_group_init(megamoe_group *group);
 megamoe_status mm_nccl_buffer_alloc(megamoe_group *group, mm_buffer *buffer);

@@ -13,16 +13,6 @@
 static const char *const k_proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 static const char *const k_field_names[4] = {"weight", "weight_scale", "weight_scale_2", "input_scale"};
 
-megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...) {
-    char detail[MM_ERR_LEN];
-    va_list ap;
-    va_start(ap, fmt);
-    mm_set_errorv(detail, fmt, ap);
-    va_end(ap);
-    mm_set_error(layer->error, "layer '%s': %s", layer->name, detail);
-    return status;
-}
-
 void megamoe_layer_config_init(megamoe_layer_config *config) {
     memset(config, 0, sizeof *config);
     config->name = "moe";
@@ -202,7 +192,7 @@ megamoe_status megamoe_layer_create(megamoe_group *group, const megamoe_layer_co
 
 void megamoe_layer_destroy(megamoe_layer *layer) {
     if (!layer) return;
-    if (layer->device) mm_cuda_layer_free(layer);
+    if (layer->device) layer->group->ops->layer_free(layer);
     if (layer->buffer) mm_group_release_buffer(layer->group, layer->buffer);
     if (layer->ranks) {
         for (int r = 0; r < layer->group->local_ranks; r++)
@@ -585,19 +575,15 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
                                                 : l->norm_weight[h];
         l->norm_gamma = g;
     }
-    if (l->group->config.backend != MEGAMOE_BACKEND_CPU) {
-        megamoe_status st = mm_cuda_layer_finalize(l);
-        if (st != MEGAMOE_OK) {
-            free(l->norm_gamma);
-            l->norm_gamma = NULL;
-            return st;
-        }
-        l->finalized = 1;
-        return MEGAMOE_OK;
+    megamoe_status st = l->group->ops->layer_finalize(l);
+    if (st != MEGAMOE_OK) {
+        free(l->norm_gamma);
+        l->norm_gamma = NULL;
+        return st;
     }
-    /* The CPU backend reads the checkpoint layout as its kernel layout: nothing to repack or free,
-     * so the peak is the resident size. */
-    l->finalize_peak_bytes = local_weight_bytes(l);
+    /* A backend that keeps no weights of its own (the CPU) reads the checkpoint layout as its kernel
+     * layout: nothing to repack or free, so the peak is the resident size. */
+    if (!l->device) l->finalize_peak_bytes = local_weight_bytes(l);
     l->finalized = 1;
     return MEGAMOE_OK;
 }
@@ -605,7 +591,6 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
 /* ---- Forward ----------------------------------------------------------------------------------- */
 
 megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_args *args, void *stream) {
-    (void)stream;
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
     if (!l->finalized)
         return mm_layer_fail(l, MEGAMOE_ERR_NOT_FINALIZED, "forward before megamoe_layer_finalize()");
@@ -624,19 +609,17 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x, topk_ids, topk_weights and y must not be NULL", rank);
         /* The device kernels read x and write y 16 bytes at a time (rows are 512-byte multiples). */
-        if (l->group->config.backend != MEGAMOE_BACKEND_CPU && a->num_tokens > 0 &&
+        if (l->group->ops->device_memory && a->num_tokens > 0 &&
             (((uintptr_t)a->x | (uintptr_t)a->y) & 15u) != 0)
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x and y must be 16-byte aligned device pointers", rank);
     }
-    if (l->group->config.backend != MEGAMOE_BACKEND_CPU) return mm_cuda_forward(l, args, stream);
-    return mm_cpu_forward(l, args);
+    return l->group->ops->forward(l, args, stream);
 }
 
 megamoe_status megamoe_layer_check(megamoe_layer *l) {
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
-    if (l->group->config.backend != MEGAMOE_BACKEND_CPU && l->finalized) return mm_cuda_layer_check(l);
-    return MEGAMOE_OK;
+    return l->finalized ? l->group->ops->layer_check(l) : MEGAMOE_OK;
 }
 
 megamoe_status megamoe_layer_memory(const megamoe_layer *l, megamoe_memory_info *info) {
@@ -646,7 +629,7 @@ megamoe_status megamoe_layer_memory(const megamoe_layer *l, megamoe_memory_info 
     if (!l->finalized)
         info->checkpoint_bytes = all;
     else if (l->device)
-        info->weight_bytes = mm_cuda_layer_resident_bytes(l);
+        info->weight_bytes = l->group->ops->layer_resident_bytes(l);
     else
         info->weight_bytes = all;
     info->finalize_peak_bytes = l->finalize_peak_bytes;

@@ -269,6 +269,61 @@ static void test_gemm_choice_rules(void **state) {
     assert_int_equal(gemm_choice(0, 4L * 256 - 1, 256, 2, 0, 2048), GEMM_MMA);
 }
 
+/* The routing (dispatch.cu's table): the warp for one token of one rank in one process only, the one
+ * kernel up to MM_ROUTE_ONE_KERNEL_SLOTS in one process only, never across GPUs; the chunks exactly
+ * where the buffer layout holds their counts; the tile order only on the one kernel. */
+static void test_route_rules(void **state) {
+    (void)state;
+    assert_int_equal(plan_route(1, 1, 1, 8, 256, 7168), ROUTE_WARP);
+    assert_int_equal(plan_route(1, 1, 0, 8, 256, 7168), ROUTE_WARP);    /* no token: the warp writes empty tables */
+    assert_int_equal(plan_route(1, 1, 2, 8, 256, 7168), ROUTE_ONE_KERNEL);
+    assert_int_equal(plan_route(1, 2, 1, 8, 128, 7168), ROUTE_ONE_KERNEL); /* two ranks in one process */
+    assert_int_equal(plan_route(1, 1, 1, 8, MM_ROUTE_WARP_EXPERTS + 1, 7168), ROUTE_ONE_KERNEL);
+    assert_int_equal(plan_route(1, 1, 1, 8, 256, 16384), ROUTE_ONE_KERNEL); /* no room for a warp more */
+    assert_int_equal(plan_route(1, 1, MM_ROUTE_ONE_KERNEL_SLOTS / 8, 8, 256, 7168), ROUTE_ONE_KERNEL);
+    assert_int_equal(plan_route(1, 1, MM_ROUTE_ONE_KERNEL_SLOTS / 8 + 1, 8, 256, 7168), ROUTE_CHUNKS);
+    assert_int_equal(plan_route(1, 1, 4, 8, MM_ROUTE_ONE_KERNEL_EXPERTS + 1, 7168), ROUTE_PER_EXPERT);
+    for (int E_r = 1; E_r <= 4 * MM_ROUTE_CHUNK_EXPERTS; E_r = E_r * 3 + 1)
+        for (long T = 0; T <= 4096; T = T * 4 + 1) {
+            assert_int_not_equal(plan_route(0, 2, T, 8, E_r, 7168), ROUTE_WARP); /* across GPUs: the counts */
+            assert_int_not_equal(plan_route(0, 2, T, 8, E_r, 7168), ROUTE_ONE_KERNEL); /* are not the host's */
+            for (int one = 0; one <= 1; one++) {
+                const int route = plan_route(one, 1, T, 8, E_r, 7168);
+                mm_buffer_layout l;
+                mm_buffer_layout_compute(64, 8, 7168, 1, 0, 1, E_r, 2048, &l);
+                if (route == ROUTE_CHUNKS) assert_true(l.route_chunks_per_src > 0);
+                if (route == ROUTE_PER_EXPERT) assert_int_equal(l.route_chunks_per_src, 0);
+                if (plan_route_orders_tiles(route, 1, T * 8, E_r)) assert_int_equal(route, ROUTE_ONE_KERNEL);
+            }
+        }
+    assert_true(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 128, 256));
+    assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 127, 256));
+    assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 0, 128, 256)); /* BF16: no streaming kernel */
+    assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 8L * 16 + 1, 16)); /* past the streaming regime */
+    assert_false(plan_route_orders_tiles(ROUTE_CHUNKS, 1, 256, 256));
+}
+
+/* The streaming kernel's instantiation: the grouped layout exactly from 4 slots per expert on
+ * average; the other three only below, in their order of precedence. */
+static void test_stream_variants(void **state) {
+    (void)state;
+    const int Es[] = {8, 64, 128, 256}, ys[] = {2, 12, 16, 56}, nkcs[] = {8, 12, 32, 112};
+    for (int a = 0; a < N(Es); a++)
+        for (int b = 0; b < N(ys); b++)
+            for (int c = 0; c < N(nkcs); c++)
+                for (long slots = 1; slots <= 16L * Es[a]; slots += 1 + slots / 3) {
+                    const int E = Es[a], y = ys[b], nkc = nkcs[c];
+                    const int v = plan_stream_variant(slots, E, E, y, nkc, MM_PLAN_SMS);
+                    assert_true(v >= 0 && v < STREAM_VARIANTS);
+                    assert_int_equal(v == STREAM_GROUPED, slots >= (long)MM_STREAM_GROUPED_MIN_AVG * E);
+                    if (v == STREAM_MORE_BLOCKS) assert_true(plan_stream_more_blocks(slots, E, E, y, nkc, MM_PLAN_SMS));
+                    if (v == STREAM_ROLLED) assert_true(plan_stream_rolled(slots, E, y, nkc));
+                    if (v == STREAM_PER_SLOT)
+                        assert_true(!plan_stream_more_blocks(slots, E, E, y, nkc, MM_PLAN_SMS) &&
+                                    !plan_stream_rolled(slots, E, y, nkc));
+                }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_splits_fit_the_workspace),
@@ -279,6 +334,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_choice_rules),
         cmocka_unit_test(test_tile_order_is_a_sorted_permutation),
         cmocka_unit_test(test_ws_items_cover_every_block_once),
+        cmocka_unit_test(test_route_rules),
+        cmocka_unit_test(test_stream_variants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

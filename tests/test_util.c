@@ -126,6 +126,13 @@ megamoe_status tu_model_load(const tu_model *m, megamoe_layer *layer) {
     return MEGAMOE_OK;
 }
 
+megamoe_status tu_layer_create(const tu_model *m, megamoe_group *g, megamoe_layer **l) {
+    megamoe_status st = megamoe_layer_create(g, &m->cfg, l);
+    if (st == MEGAMOE_OK) st = tu_model_load(m, *l);
+    if (st == MEGAMOE_OK) st = megamoe_layer_finalize(*l);
+    return st;
+}
+
 void tu_layer_make(const tu_model *m, int R, megamoe_group **g, megamoe_layer **l) {
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
@@ -174,20 +181,62 @@ void tu_inputs_edge_cases(tu_inputs *in, int T, const megamoe_layer_config *c, u
 
 void tu_inputs_free(tu_inputs *in) { free(in->x), free(in->ids), free(in->weights), free(in->padding); }
 
-megamoe_status tu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, uint16_t *y) {
-    const int R = megamoe_group_local_ranks(g), T = in->T, chunk = (T + R - 1) / R;
-    megamoe_forward_args args[72];
-    memset(y, 0xFF, (size_t)T * in->H * 2);
+void tu_split_args(const tu_inputs *in, int R, const uint16_t *x, const int32_t *ids, const float *weights,
+                   const uint8_t *padding, uint16_t *y, megamoe_forward_args *args) {
+    const int T = in->T, chunk = (T + R - 1) / R;
     for (int r = 0; r < R; r++) {
         const int t0 = r * chunk < T ? r * chunk : T, t1 = t0 + chunk < T ? t0 + chunk : T;
-        args[r] = (megamoe_forward_args){t1 - t0,
-                                         in->x + (size_t)t0 * in->H,
-                                         in->ids + (size_t)t0 * in->K,
-                                         in->weights + (size_t)t0 * in->K,
-                                         in->padding + t0,
-                                         y + (size_t)t0 * in->H};
+        args[r] = (megamoe_forward_args){
+            t1 - t0,      x + (size_t)t0 * in->H, ids + (size_t)t0 * in->K, weights + (size_t)t0 * in->K,
+            padding + t0, y + (size_t)t0 * in->H};
     }
+}
+
+megamoe_status tu_forward(megamoe_group *g, megamoe_layer *l, const tu_inputs *in, uint16_t *y) {
+    megamoe_forward_args args[72];
+    memset(y, 0xFF, (size_t)in->T * in->H * 2);
+    tu_split_args(in, megamoe_group_local_ranks(g), in->x, in->ids, in->weights, in->padding, y, args);
     return megamoe_layer_forward(l, args, NULL);
+}
+
+double tu_device_tol(const megamoe_layer_config *c) {
+    return c->format == MEGAMOE_FORMAT_NVFP4 && c->activations == MEGAMOE_ACTIVATIONS_BF16
+               ? TU_DEVICE_TOL_W4A16
+               : TU_DEVICE_TOL;
+}
+
+double tu_compare_y(const tu_inputs *in, const uint16_t *y, const uint16_t *y_ref, char *why,
+                    size_t why_len) {
+    const int H = in->H;
+    double num = 0, den = 0;
+    for (int t = 0; t < in->T; t++) {
+        int ref_nan = 0, nan = 0, ref_zero = 1;
+        for (int h = 0; h < H; h++) {
+            const uint16_t a = y[(size_t)t * H + h], b = y_ref[(size_t)t * H + h];
+            if (a == 0xFFFF) {
+                snprintf(why, why_len, "token %d element %d was not written", t, h);
+                return -1;
+            }
+            ref_nan |= (b & 0x7FFF) > 0x7F80;
+            nan |= (a & 0x7FFF) > 0x7F80;
+            ref_zero &= (b & 0x7FFF) == 0;
+        }
+        if (ref_nan != nan) {
+            snprintf(why, why_len, "token %d is a NaN row on %s only", t, ref_nan ? "the CPU" : "the device");
+            return -1;
+        }
+        if (ref_nan) continue;
+        for (int h = 0; h < H; h++) {
+            const double a = tu_f32(y[(size_t)t * H + h]), b = tu_f32(y_ref[(size_t)t * H + h]);
+            if (ref_zero && a != 0.0) {
+                snprintf(why, why_len, "token %d should be a zero row", t);
+                return -1;
+            }
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 char *tu_tmpdir(void) {

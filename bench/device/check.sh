@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, after bench/device/stage.sh here (carry .devbin): the GPU
 # verification in one command. Prints one line per step and a verdict; logs under $OUT/logs.
-#   usage: bash bench/device/check.sh [tests] [sanitize] [multi] [demo] [bench]    (none: all of them)
-#   tests     test_gpu in every kernel mode (KERNEL_MODES: chosen per forward, then each kernel forced)
+#   usage: bash bench/device/check.sh [tests] [sanitize] [multi] [demo] [bench] [soak]  (none: all but soak)
+#   tests     test_gpu in every kernel mode (KERNEL_MODES: chosen per forward, then each kernel forced),
+#             and test_graph (10^4 CUDA graph replays per case on new inputs, bitwise equal to eager)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck over test_gpu --quick in
 #             every kernel mode (TOOLS to choose), and the racecheck probe (dev/sm90_racecheck_probe.cu)
 #   multi     the 2-GPU pytest (tests/py/test_multi_gpu.py; reported as skipped with one GPU)
 #   demo      megamoe demo
+#   soak      megamoe_soak: SOAK_FORWARDS (10^5) random forwards on R = 1..8 ranks against the CPU
+#             backend, stopping after SOAK_SECONDS (540); alone, only when named
 #   bench     the benchmark table: three shapes x NVFP4/BF16 (x both NVFP4 activation modes when the
 #             build has --activations), T = 1..8192; --json records to $OUT/bench.jsonl when it has --json
 # env: KERNEL_MODES, TOOLS, JOBS_PER_GPU (test and sanitizer runs at once per GPU, default 1; the
@@ -42,6 +45,7 @@ if has tests; then
   for m in $KERNEL_MODES; do
     jobs+=("test_gpu_$m|test|MEGAMOE_GEMM=$m timeout $STEP_TIMEOUT $B/test_gpu")
   done
+  jobs+=("test_graph|test|timeout $STEP_TIMEOUT $B/test_graph")
 fi
 if has sanitize; then
   for tool in $TOOLS; do
@@ -86,6 +90,11 @@ if has multi; then
   MEGAMOE_CLI=$B/megamoe timeout "$STEP_TIMEOUT" python3 -m pytest -q -p no:cacheprovider -rs tests/py/test_multi_gpu.py > "$L/multi_gpu.log" 2>&1
   rc=$?
   echo "multi_gpu: exit $rc, $(tail -n 1 "$L/multi_gpu.log")" | tee "$L/result_multi_gpu.txt"
+fi
+if [[ $what == *" soak "* ]]; then
+  timeout $((${SOAK_SECONDS:-540} + 50)) $B/megamoe_soak --forwards "${SOAK_FORWARDS:-100000}" \
+    --seconds "${SOAK_SECONDS:-540}" --seed "${SOAK_SEED:-1}" > "$L/soak.log" 2>&1
+  echo "soak: exit $?, $(grep -E '^soak: (passed|FAILED)' "$L/soak.log" | tail -n 1)" | tee "$L/result_soak.txt"
 fi
 if has demo; then
   timeout "$STEP_TIMEOUT" $B/megamoe demo > "$L/demo.log" 2>&1

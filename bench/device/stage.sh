@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
 cmake --build build-dev -j "$(nproc)" >/dev/null
 rm -rf .devbin && mkdir -p .devbin/libs
-cp build-dev/megamoe build-dev/tests/test_gpu .devbin/
+cp build-dev/megamoe build-dev/tests/test_gpu build-dev/tests/test_graph build-dev/tests/megamoe_soak .devbin/
 for lib in libjansson.so.4 libcmocka.so.0 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/libs/; done
 cp -L "$(ldd build-dev/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
 # NCCL (218 MB) does not travel: the GPU machine's PyTorch wheel holds the same 2.28.9 the binaries

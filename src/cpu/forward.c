@@ -265,7 +265,7 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
     const int K = l->config.top_k, H = l->config.hidden_size, I = l->config.intermediate_size;
     const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4; /* weights */
     const int qact = mm_layer_quantizes_activations(l);         /* activations, SPEC §3 vs §3b */
-    const int expert = megamoe_group_rank(g, r) * l->experts_per_rank + le;
+    const int expert = mm_group_rank(g, r) * l->experts_per_rank + le;
     const mm_rank_weights *w = &l->ranks[r];
 
     /* Gather the slots routed here, in (home rank, token, slot) order. */
@@ -435,7 +435,7 @@ megamoe_status mm_cpu_forward(megamoe_layer *l, const megamoe_forward_args *args
 
     bad_id bad = {0, 0, 0, 0, 0};
     for (int r = 0; r < g->local_ranks; r++)
-        stage_rank(l, megamoe_group_rank(g, r), &args[r], base[r], &bad);
+        stage_rank(l, mm_group_rank(g, r), &args[r], base[r], &bad);
 
     expert_scratch s = {0};
     megamoe_status st = MEGAMOE_OK;

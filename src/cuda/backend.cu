@@ -35,6 +35,7 @@ struct mm_cuda_layer {
     uint8_t *host_error;           /* mapped pinned: the error words of the last forward */
     uint8_t *host_error_dev;       /* the same, as the device sees it */
     cudaStream_t last_stream;
+    int held_rank;                 /* mm_test_hold_rank: the global rank that never arrives, -1 = none */
 };
 
 static int device_of(const megamoe_group *g) { return ((const mm_cuda_group *)g->device)->device; }
@@ -180,6 +181,7 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     mm_cuda_layer *cl = (mm_cuda_layer *)calloc(1, sizeof *cl);
     if (!cl) return mm_layer_fail(l, MEGAMOE_ERR_OUT_OF_MEMORY, "out of host memory");
     l->device = cl;
+    cl->held_rank = -1;
     cl->cap_allocs = R * 10 + 4;
     cl->allocs = (void **)calloc((size_t)cl->cap_allocs, sizeof(void *));
     cl->host_weights = (mm_dev_weights *)calloc((size_t)R, sizeof(mm_dev_weights));
@@ -274,25 +276,32 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     uint8_t *err = base[0];
     int total_tokens = 0;
     for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
-    /* One token of one rank: the stage block's last warp routes (no routing kernel). */
-    const bool stage_routes = sm90_stage_routes(sh, total_tokens);
+    /* Which routing (dispatch.cu's table); ROUTE_WARP: the stage block's last warp routes. */
+    const int route = sm90_route_plan(sh, total_tokens);
     /* The error words were reset by the last forward's combine (or at buffer creation). */
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, stage_routes, s);
+        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, mm_group_rank(g, r), a, route == ROUTE_WARP, s);
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
     const bool nccl = g->config.backend == MEGAMOE_BACKEND_NCCL;
     const int timeout_ms = l->config.timeout_ms;
     megamoe_status st = MEGAMOE_OK;
-    if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
-    if (!stage_routes && (st = sm90_route_launch(sh, L, peers, (long)total_tokens * sh.K, s)) != MEGAMOE_OK) return st;
+    /* The test hold: this backend's local ranks meet at the NCCL barrier too, on words it uses for
+     * nothing else, zeroed first so the unequal epochs a timed-out forward leaves never reach this one. */
+    const int held = cl->held_rank;
+    const bool barrier = nccl || held >= 0;
+    for (int r = 0; !nccl && held >= 0 && r < g->local_ranks; r++)
+        MM_CUDA_TRY(cudaMemsetAsync(base[r] + L.barrier, 0, 8 * (size_t)(sh.R + 1), s));
+    if (barrier && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, held, s)) != MEGAMOE_OK) return st;
+    if (route != ROUTE_WARP && (st = sm90_route_launch(sh, L, peers, route, (long)total_tokens * sh.K, s)) != MEGAMOE_OK)
+        return st;
     st = sm90_expert_gemm_launch(sh, L, peers, base[0], cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */
-    if (nccl && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, s)) != MEGAMOE_OK) return st;
+    if (barrier && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, held, s)) != MEGAMOE_OK) return st;
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
@@ -315,6 +324,17 @@ extern "C" megamoe_status mm_cuda_forward(megamoe_layer *l, const megamoe_forwar
     return MEGAMOE_OK;
 }
 
+extern "C" megamoe_status mm_test_hold_rank(megamoe_layer *l, int rank) {
+    if (!l || !l->device)
+        return l ? mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "the test hold needs a finalized device layer")
+                 : MEGAMOE_ERR_INVALID_ARGUMENT;
+    if (rank < -1 || rank >= l->group->world_size)
+        return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "held rank %d is outside [-1, %d)", rank,
+                             l->group->world_size);
+    ((mm_cuda_layer *)l->device)->held_rank = rank;
+    return MEGAMOE_OK;
+}
+
 extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
     device_scope scope(device_of(l->group));
     mm_cuda_layer *cl = (mm_cuda_layer *)l->device;
@@ -330,9 +350,15 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
     memcpy(&late, cl->host_error + 12, 4);
     if (late) {
         memset(cl->host_error, 0, 16);
+        const int r0 = mm_group_rank(l->group, 0), r1 = r0 + l->group->local_ranks - 1;
+        if (r1 > r0) /* several local ranks (the test hold): any of them but the late one waited */
+            return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
+                                 "ranks %d..%d waited more than timeout_ms=%d for rank %u, which did not arrive; y "
+                                 "is not valid",
+                                 r0, r1, l->config.timeout_ms, late - 1);
         return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
-                             "rank %d waited more than timeout_ms=%d for rank %u; y is not valid",
-                             megamoe_group_rank(l->group, 0), l->config.timeout_ms, late - 1);
+                             "rank %d waited more than timeout_ms=%d for rank %u; y is not valid", r0,
+                             l->config.timeout_ms, late - 1);
     }
     if (count == 0) return MEGAMOE_OK;
     const int K = l->config.top_k, T_max = l->config.max_tokens;
@@ -345,3 +371,22 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
                          "written)",
                          rank, token, slot, id, l->config.num_experts, count, count == 1 ? "" : "s");
 }
+
+/* ---- The table of operations ----------------------------------------------------------------- */
+
+/* In member order (internal.h mm_backend_ops): C++17 has no designated initializers. */
+const mm_backend_ops mm_cuda_backend = {
+    "CUDA",                       /* name                 */
+    1,                            /* device_memory        */
+    0,                            /* one_rank_per_process */
+    mm_cuda_available,            /* available            */
+    mm_cuda_group_init,           /* group_init           */
+    mm_cuda_group_fini,           /* group_fini           */
+    mm_cuda_buffer_alloc,         /* buffer_alloc         */
+    mm_cuda_buffer_free,          /* buffer_free          */
+    mm_cuda_layer_finalize,       /* layer_finalize       */
+    mm_cuda_layer_free,           /* layer_free           */
+    mm_cuda_layer_resident_bytes, /* layer_resident_bytes */
+    mm_cuda_forward,              /* forward              */
+    mm_cuda_layer_check,          /* layer_check          */
+};

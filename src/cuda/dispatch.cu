@@ -2,7 +2,7 @@
  * dispatch.cu -- which kernel runs when. A forward enqueues, on the caller's stream (backend.cu):
  *
  *   stage      sm90_stage.cu    one block per token: ids, token state, NVFP4 quantization / BF16 copy
- *   route      one of (sm90_stage.cu / sm90_route.cu, chosen by the host from the group's slots S):
+ *   route      one of (sm90_stage.cu / sm90_route.cu; gemm_plan.h plan_route, from the group's slots S):
  *                one process, 1 token, R = 1    the stage block's last warp      (route_one_warp)
  *                one process, S <= 1024         one kernel, a block per expert   (sm90_route_small_kernel)
  *                else, E_r <= 1024              count / scan / fill over chunks  (sm90_route_chunk_*)
@@ -28,7 +28,7 @@
  *   BF16    n >= 64, no split planned            ws                                     none
  *
  * megamoe_layer_config.gemm_kernel forces one kernel for every phase (tests, benchmarks). The
- * streaming kernel picks one of four instantiations per phase (sm90_expert_stream_launch: the
+ * streaming kernel runs one of four instantiations per phase (gemm_plan.h plan_stream_variant: the
  * grouped layout from 4 slots per expert, one block per SM more, the K loop not unrolled). Every
  * choice is a function of the group's slot count and the shape only (never of R or of which rank
  * computes), so y is bitwise the same for any R and number of GPUs. One process knows S and launches

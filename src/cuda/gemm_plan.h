@@ -170,6 +170,50 @@ MM_PLAN_FN int plan_stream_rolled(long slots, int E, int y, int nkc) {
     return nkc / plan_stream_splits(slots, E, y, nkc) < MM_STREAM_ROLL_BELOW;
 }
 
+/* The streaming kernel's instantiation for a phase (sm90_expert_stream.cu; the numerics are the same
+ * in each): the grouped ring layout from MM_STREAM_GROUPED_MIN_AVG slots per expert on average, else
+ * the per-slot layout with one block per SM more (plan_stream_more_blocks), or with the K loop not
+ * unrolled (plan_stream_rolled), or plain. */
+enum { STREAM_PER_SLOT = 0, STREAM_GROUPED = 1, STREAM_MORE_BLOCKS = 2, STREAM_ROLLED = 3, STREAM_VARIANTS = 4 };
+#define MM_STREAM_GROUPED_MIN_AVG 4
+MM_PLAN_FN int plan_stream_variant(long slots, int E, int E_loc, int y, int nkc, int sms) {
+    if (slots >= (long)MM_STREAM_GROUPED_MIN_AVG * E) return STREAM_GROUPED;
+    if (plan_stream_more_blocks(slots, E, E_loc, y, nkc, sms)) return STREAM_MORE_BLOCKS;
+    if (plan_stream_rolled(slots, E, y, nkc)) return STREAM_ROLLED;
+    return STREAM_PER_SLOT;
+}
+
+/* Which routing builds a forward's tables (dispatch.cu's table; every one writes the same tables
+ * from the staged ids: DECISIONS 90). In one process, where the host knows the group's token count:
+ * one warp of the stage block for a single token of one rank (route_one_warp: K <= 32 lanes, a warp
+ * more in the stage block), one kernel up to MM_ROUTE_ONE_KERNEL_SLOTS slots (a shared count per
+ * local expert). Else -- and always across GPUs -- count / scan / fill over chunks of slots where a
+ * block holds a count per local expert and warp (E_r <= MM_ROUTE_CHUNK_EXPERTS), else count / tiles /
+ * fill per expert (no bound on E_r). stage_threads: plan_stage_threads. */
+enum { ROUTE_WARP = 0, ROUTE_ONE_KERNEL = 1, ROUTE_CHUNKS = 2, ROUTE_PER_EXPERT = 3 };
+#define MM_ROUTE_WARP_EXPERTS 1024       /* experts per rank route_one_warp walks (32 per lane round) */
+#define MM_ROUTE_ONE_KERNEL_SLOTS 1024   /* over it the chunks are faster (DECISIONS 89) */
+#define MM_ROUTE_ONE_KERNEL_EXPERTS 8192 /* its shared count per expert: 32 KB */
+/* The stage kernel's threads: one per 16-value block of a token (448 for H = 7168), 64 to 1024. */
+MM_PLAN_FN int plan_stage_threads(int H) {
+    const int nb = H / 16;
+    return nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
+}
+MM_PLAN_FN int plan_route(int one_process, int R, long total_tokens, int K, int E_r, int H) {
+    if (one_process && R == 1 && total_tokens <= 1 && K <= 32 && E_r <= MM_ROUTE_WARP_EXPERTS &&
+        plan_stage_threads(H) + 32 <= 1024)
+        return ROUTE_WARP;
+    if (one_process && total_tokens * K <= MM_ROUTE_ONE_KERNEL_SLOTS && E_r <= MM_ROUTE_ONE_KERNEL_EXPERTS)
+        return ROUTE_ONE_KERNEL;
+    return E_r <= MM_ROUTE_CHUNK_EXPERTS ? ROUTE_CHUNKS : ROUTE_PER_EXPERT;
+}
+/* Whether the routing also writes the tile order the streaming kernel walks (tile_order_before): the
+ * one-kernel routing of an NVFP4 forward in the streaming kernel's regime (<= 8 slots per expert:
+ * gemm_choice) with more than one round of items per block to even out (from 128 slots). */
+MM_PLAN_FN int plan_route_orders_tiles(int route, int nvfp4, long slots, int E) {
+    return route == ROUTE_ONE_KERNEL && nvfp4 && slots >= 128 && slots <= 8L * E;
+}
+
 /* The NVFP4 wgmma kernel's split-K (sm90_expert_wgmma.cu): blocks of 256 weight rows x one token
  * tile, 2 resident per SM. With few experts and a long K (Mixtral-like down projection, 16-64 tokens
  * per expert: 8 tiles x 16 row blocks = 128 blocks of 224 K steps) the blocks are fewer than the

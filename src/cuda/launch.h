@@ -7,18 +7,20 @@
 #define MEGAMOE_CUDA_LAUNCH_H
 
 #include "common.cuh"
+#include "gemm_plan.h" /* ROUTE_*, the plans the launchers follow */
 
 /* ---- stage (sm90_stage.cu) and routing (sm90_route.cu, sm90_gather.cu) ------------------------- */
 
-/* route_warp (when sm90_stage_routes): the stage block's last warp builds the routing tables, and
+/* route_warp (plan_route ROUTE_WARP): the stage block's last warp builds the routing tables, and
  * sm90_route_launch is not called. */
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
                                  uint8_t *err_base, int rank, const mm_dev_rank_args &a, bool route_warp,
                                  cudaStream_t s);
-/* Whether the stage kernel routes a forward of total_tokens tokens (in the whole group). */
-bool sm90_stage_routes(const mm_dev_shape &sh, int total_tokens);
+/* The routing of a forward of total_tokens tokens in the whole group (gemm_plan.h plan_route). */
+int sm90_route_plan(const mm_dev_shape &sh, long total_tokens);
+/* The routing kernels of `route` (not ROUTE_WARP, which the stage kernel runs). */
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                 long total_slots, cudaStream_t s);
+                                 int route, long total_slots, cudaStream_t s);
 /* Whether the routing of a forward of total_slots slots writes L.tile_order (the tiles by tokens,
  * most first: gemm_plan.h tile_order_before), which the streaming kernel then walks. */
 bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots);
@@ -64,9 +66,11 @@ megamoe_status sm90_act_f16_launch(const mm_dev_shape &sh, const mm_buffer_layou
 /* ---- cross-rank barrier (sm90_barrier.cu) and combine (sm90_combine.cu) ------------------------- */
 
 /* Every rank of the group arrives at and waits for the others (NCCL backend: ranks on other GPUs),
- * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word. */
+ * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word.
+ * held < 0: one block, this process's rank. held >= 0 (the test hold, mm_test_hold_rank): one block per
+ * local rank, and global rank `held` leaves without arriving. */
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                   int timeout_ms, cudaStream_t s);
+                                   int timeout_ms, int held, cudaStream_t s);
 /* Opts the combine kernels in to the chunk sums' shared memory of a layer with top-k K and hidden size H. */
 megamoe_status sm90_combine_prepare(int K, int H);
 /* err_words/host_err: given to the forward's last combine (the error words' hand-off), else NULL. */

@@ -7,6 +7,7 @@
  */
 #pragma once
 #include "common.cuh"
+#include "gemm_plan.h"
 
 /* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
 __device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
@@ -69,9 +70,8 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
  * ids while the rest of the stage block quantizes it (sm90_stage_kernel): the same tables and slot
  * order as the routing kernels. ids: lane k < K holds slot k's id, -1 where the token is not routed
  * (padding, non-finite) or the id is out of range. With one token every expert has at most K <= 32
- * slots, so one tile; an expert's values are counts over the K ids. ROUTE_WARP_EXPERTS bounds the
+ * slots, so one tile; an expert's values are counts over the K ids. MM_ROUTE_WARP_EXPERTS (gemm_plan.h) bounds the
  * experts it walks (32 per pass). */
-#define ROUTE_WARP_EXPERTS 1024
 __device__ inline void route_one_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b, int id,
                                       float scale) {
     __shared__ int s_id[32], s_first[32];

@@ -4,7 +4,11 @@
  * library owns this wait: past timeout_ms it records a timeout and returns instead of hanging.
  * Each rank keeps an epoch counter in its own buffer; every barrier raises it by one, writes it into
  * every peer's flag slot for this rank, and waits until its own slots of all peers reach it.
- * One warp; ranks are spread over the lanes.
+ * One warp per rank, ranks spread over its lanes; block b acts as local rank b (the NCCL backend
+ * launches one block; the CUDA backend's test hold one per local rank, see sm90_barrier_launch).
+ * Once a timeout is recorded in this process's error words, a later barrier of the same forward
+ * arrives but does not wait: the forward's y is already invalid, and a rank that never arrives
+ * costs one timeout per forward, not one per barrier. Arriving keeps every rank's epoch count equal.
  */
 #include "launch.h"
 
@@ -14,10 +18,17 @@ __device__ __forceinline__ uint64_t global_ns() {
     return t;
 }
 
-__global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, uint64_t timeout_ns) {
+/* kHold: the block of global rank `held` leaves without arriving (a rank that never arrives). */
+template <bool kHold>
+__global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                                    uint64_t timeout_ns, int held) {
     mm_wait_previous();
-    const int me = sh.first_rank, lane = threadIdx.x;
+    const int me = sh.first_rank + (int)blockIdx.x, lane = threadIdx.x;
+    if (kHold && me == held) return;
     uint8_t *mine = peers[me];
+    /* the error words the combine reports: local rank 0's; word 3 = the late rank + 1 (0 = none) */
+    unsigned int *late = (unsigned int *)(peers[sh.first_rank] + L.error + 12);
+    const bool waits = *(volatile unsigned int *)late == 0;
     volatile uint64_t *epoch_p = (volatile uint64_t *)(mine + L.barrier);
     const uint64_t epoch = *epoch_p + 1; /* every lane reads the same value before lane 0 raises it */
     __syncwarp();
@@ -28,14 +39,13 @@ __global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t
         *slot = epoch;
     }
     const uint64_t start = global_ns();
-    bool timed_out = false;
+    bool timed_out = !waits;
     for (int q = lane; q < sh.R && !timed_out; q += 32) {
         volatile uint64_t *slot = (volatile uint64_t *)(mine + L.barrier + 8 * (1 + q));
         while (*slot < epoch) {
             if (global_ns() - start > timeout_ns) {
                 timed_out = true;
-                /* rank that did not arrive, + 1 (0 = no timeout) */
-                atomicCAS((unsigned int *)(mine + L.error + 12), 0u, (unsigned int)(q + 1));
+                atomicCAS(late, 0u, (unsigned int)(q + 1));
                 break;
             }
         }
@@ -44,8 +54,13 @@ __global__ void sm90_barrier_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t
 }
 
 megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                   int timeout_ms, cudaStream_t s) {
-    MM_CUDA_TRY(mm_launch(sm90_barrier_kernel, 1, 32, 0, s, sh, L, peers, (uint64_t)timeout_ms * 1000000ull));
+                                   int timeout_ms, int held, cudaStream_t s) {
+    const uint64_t timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+    if (held < 0)
+        MM_CUDA_TRY(mm_launch(sm90_barrier_kernel<false>, 1, 32, 0, s, sh, L, peers, timeout_ns, held));
+    else
+        MM_CUDA_TRY(
+            mm_launch(sm90_barrier_kernel<true>, sh.local_ranks, 32, 0, s, sh, L, peers, timeout_ns, held));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

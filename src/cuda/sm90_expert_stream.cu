@@ -16,7 +16,7 @@
  * per token brings 4 K steps; a third instantiation runs 5 blocks per SM of 6 stages where a phase's
  * items would leave a short second round on 4 (plan_stream_more_blocks). At decode each block runs
  * its code once per forward, fetched cold after an L2 flush, so the epilogues are written compact
- * (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS 65, 67).
+ * (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS 36).
  * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
  * makes at most about one item per resident block, so a split only happens when a phase has fewer
  * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
@@ -55,9 +55,8 @@
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG neighbouring ring slots) */
 #define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per step (a group's copy
                           * waits for the slot of its last step: ST_XG - 1 steps less lookahead) */
-#define ST_XG_MIN_AVG 4 /* the grouped layout from this many slots per expert (the group's average) */
 
-/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 61):
+/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35):
  * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
  *   token's K step and 16 B of padding with the token's slot code and scale;
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
@@ -127,7 +126,7 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
  * completion gate/up had waited for before it let this kernel in) runs first, and the wait comes
  * before the first copy of act rows -- in the producer warp, whose block therefore cannot end before
  * gate/up has; a block that leaves without streaming waits first as well, so this kernel's end
- * always implies gate/up's (the completion chain of DECISIONS 37). Elsewhere the kernel's first act. */
+ * always implies gate/up's (the completion chain of DECISIONS 41). Elsewhere the kernel's first act. */
 template <int PHASE>
 __device__ __forceinline__ void st_wait_for_inputs() {
     if (PHASE == PHASE_DOWN) {
@@ -455,14 +454,14 @@ struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
 };
-enum { ST_PER_SLOT, ST_GROUPED, ST_MORE_BLOCKS, ST_ROLLED, ST_VARIANTS };
 template <bool XG, int B, int U = MM_STREAM_UNROLL>
 static constexpr st_variant st_variant_of() {
     return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U>},
             st_lay<XG, B>::smem,
             B};
 }
-static const st_variant st_variants[ST_VARIANTS] = {st_variant_of<false, ST_BLOCKS_PER_SM>(),
+/* [plan_stream_variant: STREAM_PER_SLOT, _GROUPED, _MORE_BLOCKS, _ROLLED] */
+static const st_variant st_variants[STREAM_VARIANTS] = {st_variant_of<false, ST_BLOCKS_PER_SM>(),
                                                     st_variant_of<true, ST_BLOCKS_PER_SM>(),
                                                     st_variant_of<false, ST_BLOCKS_PER_SM + 1>(),
                                                     st_variant_of<false, ST_BLOCKS_PER_SM, 1>()};
@@ -475,14 +474,8 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     MM_CUDA_TRY(mm_device_sms(&sms));
     /* A persistent grid; the items of a forward are known on the device only, bounded here. */
     const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
-    /* The layout from the average slots per expert (host-known; numerics are the same in every
-     * instantiation); in the per-slot layout one block per SM more where the phase's items would
-     * otherwise leave a short second round (plan_stream_more_blocks). */
-    const bool xg = slots >= (long)ST_XG_MIN_AVG * sh.E;
-    const bool more = !xg && plan_stream_more_blocks(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms);
-    /* Short splits take the per-slot instantiation whose K loop is not unrolled (plan_stream_rolled). */
-    const bool rolled = !xg && !more && plan_stream_rolled(slots, sh.E, Y, nkc);
-    const st_variant &v = st_variants[xg ? ST_GROUPED : more ? ST_MORE_BLOCKS : rolled ? ST_ROLLED : ST_PER_SLOT];
+    /* The instantiation from the host-known slot count (numerics are the same in every one). */
+    const st_variant &v = st_variants[plan_stream_variant(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms)];
     const long resident = (long)v.blocks_per_sm * sms;
     const long bound = (long)sh.local_ranks * tiles * Y * 16;
     const int grid = (int)(bound < resident ? bound : resident);

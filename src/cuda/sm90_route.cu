@@ -11,10 +11,6 @@
 #include "launch.h"
 #include "route.cuh"
 
-/* Slots of a forward routed by the one-kernel path: over it the chunked routing (count / scan / fill)
- * is faster; at 1024 and fewer the one kernel's saved launches win (DECISIONS). */
-#define ROUTE_SMALL_SLOTS 1024
-#define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
  * order; all threads of the block take part in every call. SCALE: scale is a matching slot's
@@ -283,7 +279,7 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
     }
 }
 
-/* A forward with few slots (one process; the host checks ROUTE_SMALL_SLOTS): count, offsets, tiles
+/* A forward with few slots (one process: plan_route ROUTE_ONE_KERNEL): count, offsets, tiles
  * and fill in one kernel, one block per (local expert, rank). Every block counts all of its rank's
  * experts itself in a shared-memory histogram (E_r ints of dynamic shared memory), so no block waits
  * for another and two kernel boundaries go. Same tables, same slot order as the three kernels. */
@@ -351,29 +347,23 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
                 (float *)(b + L.slot_scale) + slot_before);
 }
 
-/* The forwards whose routing runs the one-kernel path, in the few-token regime of the NVFP4
- * streaming kernel (gemm_choice: <= 8 slots per expert), with more than one round of items per
- * block to even out (from 128 slots). */
-static bool route_small(const mm_dev_shape &sh, long total_slots) {
-    return sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS;
+int sm90_route_plan(const mm_dev_shape &sh, long total_tokens) {
+    return plan_route(sh.local_ranks == sh.R, sh.R, total_tokens, sh.K, sh.E_r, sh.H);
 }
 bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
-    return sh.nvfp4 && route_small(sh, total_slots) &&
-           total_slots >= 128 && total_slots <= 8L * sh.E;
+    return plan_route_orders_tiles(sm90_route_plan(sh, total_slots / sh.K), sh.nvfp4, total_slots, sh.E);
 }
 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                 long total_slots, cudaStream_t s) {
+                                 int route, long total_slots, cudaStream_t s) {
     const int local_ranks = sh.local_ranks;
     const dim3 grid(sh.E_r, local_ranks);
-    /* One process knows the group's slot count: few slots, one kernel. (NCCL: the other ranks'
-     * counts are unknown here, so the three kernels.) */
-    if (route_small(sh, total_slots)) {
+    if (route == ROUTE_ONE_KERNEL) {
         MM_CUDA_TRY(mm_launch(sm90_route_small_kernel, grid, 256, (size_t)sh.E_r * 4, s, sh, L, peers,
-                              (int)sm90_route_orders_tiles(sh, total_slots)));
+                              plan_route_orders_tiles(route, sh.nvfp4, total_slots, sh.E)));
         return MEGAMOE_OK;
     }
-    if (L.route_chunks_per_src > 0) {
+    if (route == ROUTE_CHUNKS) { /* the layout holds route_chunks exactly then (E_r <= MM_ROUTE_CHUNK_EXPERTS) */
         const dim3 chunks((unsigned)(sh.R * L.route_chunks_per_src), local_ranks);
         /* a count per local expert: the chunk's (count), each warp's (fill) */
         const size_t hist = (size_t)sh.E_r * sizeof(int);

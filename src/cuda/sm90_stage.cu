@@ -177,7 +177,7 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
 }
 
-/* One block per token. RW (sm90_stage_routes: a one-token forward of one rank): the block's last
+/* One block per token. RW (plan_route ROUTE_WARP: a one-token forward of one rank): the block's last
  * warp builds the routing tables from the token's ids while the other threads stage it
  * (route_one_warp), instead of a routing kernel after it: the routing then overlaps the
  * quantization. */
@@ -204,28 +204,15 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
     stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
 }
 
-/* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
-static int stage_threads(const mm_dev_shape &sh) {
-    const int nb = sh.H / 16;
-    return nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
-}
-
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
                                  uint8_t *err_base, int rank, const mm_dev_rank_args &a, bool route_warp,
                                  cudaStream_t s) {
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
-    const int threads = stage_threads(sh);
+    const int threads = plan_stage_threads(sh.H);
     if (route_warp)
         MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, 0, s, sh, L, base, err_base, rank, a));
     else
         MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
-}
-
-/* One token in the whole group, one rank, in one process: route_one_warp's bounds (K lanes, a pass
- * of 32 experts per lane round, a warp more in the block). */
-bool sm90_stage_routes(const mm_dev_shape &sh, int total_tokens) {
-    return sh.local_ranks == sh.R && sh.R == 1 && total_tokens <= 1 && sh.K <= 32 &&
-           sh.E_r <= ROUTE_WARP_EXPERTS && stage_threads(sh) + 32 <= 1024;
 }

@@ -114,3 +114,23 @@ extern "C" void mm_nccl_buffer_free(megamoe_group *g, mm_buffer *b) {
     free(nb);
     b->backend = NULL;
 }
+
+/* ---- The table of operations ----------------------------------------------------------------- */
+
+/* In member order (internal.h mm_backend_ops): C++17 has no designated initializers. A layer's
+ * operations are the CUDA backend's: the kernels are shared, only the buffer and the group differ. */
+const mm_backend_ops mm_nccl_backend = {
+    "NCCL",                       /* name                 */
+    1,                            /* device_memory        */
+    1,                            /* one_rank_per_process */
+    mm_nccl_available,            /* available            */
+    mm_nccl_group_init,           /* group_init           */
+    mm_cuda_group_fini,           /* group_fini           */
+    mm_nccl_buffer_alloc,         /* buffer_alloc         */
+    mm_nccl_buffer_free,          /* buffer_free          */
+    mm_cuda_layer_finalize,       /* layer_finalize       */
+    mm_cuda_layer_free,           /* layer_free           */
+    mm_cuda_layer_resident_bytes, /* layer_resident_bytes */
+    mm_cuda_forward,              /* forward              */
+    mm_cuda_layer_check,          /* layer_check          */
+};

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 mkdir -p build-fuzz
 clang -g -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -fsanitize=fuzzer,address,undefined \
-  -fno-sanitize-recover=all -Iinclude -Isrc tests/fuzz/fuzz_safetensors.c src/checkpoint/safetensors.c src/api.c src/cuda/stub.c src/ep/nccl_stub.c \
+  -fno-sanitize-recover=all -Iinclude -Isrc tests/fuzz/fuzz_safetensors.c src/checkpoint/safetensors.c src/errors.c src/tensor.c \
   $(pkg-config --cflags --libs jansson) -o build-fuzz/fuzz_safetensors
 ./build-fuzz/fuzz_safetensors -max_total_time="$seconds" -max_len=4096 -timeout=10 \
   -artifact_prefix=tests/fuzz/ tests/fuzz/corpus 2>&1 | tail -n 3

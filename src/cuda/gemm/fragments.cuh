@@ -32,7 +32,7 @@ enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
  * chain), and SPEC's a = bf16_rn(silu(g) . u) and y = bf16_rn(...) amplify an f32-level difference d
  * in g, u to about sqrt(d . 2^-8) in y: one chain put test_gpu's BF16 cases at 9.7e-4 to 1.08e-3 of
  * the 1e-3 bound against the CPU (MEGAMOE_TEST_SEED 0-4), a chain per K step at most 3.9e-4 in an
- * emulation of the arithmetic (docs/DECISIONS.md 85). The down projection's chain (over I, after the
+ * emulation of the arithmetic (docs/DECISIONS.md 30). The down projection's chain (over I, after the
  * rounding of a) moves y far less and keeps one chain; NVFP4 keeps one chain (its worst case,
  * 8.47e-4, is E2M1 code flips of the down input, and promoting would cost its prefill speed). */
 template <int PHASE, bool NVFP4>

@@ -13,8 +13,7 @@
 __device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 /* Lets the next kernel's blocks be scheduled now (they still wait in mm_wait_previous for this
  * kernel's end). Most kernels do not: letting the next kernel in right after every kernel's wait is
- * slower; the streaming kernels trigger once a block's copies are issued, and the stage kernel when
- * it routes 2+ tokens (DECISIONS 68, 70). */
+ * slower; the streaming kernels trigger once a block's copies are issued (DECISIONS 41). */
 __device__ __forceinline__ void mm_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
