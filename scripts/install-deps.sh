@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what megamoe builds and tests with, from Debian's packages and PyPI (see README):
 #   jansson (JSON), cmocka (C tests), pkg-config, cmake; clang for the fuzzer;
-#   a Python venv in .venv with numpy, ml_dtypes, safetensors and pytest for the reference tests.
+#   a Python venv in .venv with numpy, ml_dtypes, safetensors and pytest for the reference tests,
+#   and torch, transformers and scikit-build-core for the Python package's tests.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,9 @@ if ! .venv/bin/python -c "import numpy, ml_dtypes, safetensors, pytest" 2>/dev/n
   echo "install-deps: creating .venv (numpy, ml_dtypes, safetensors, pytest)"
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/py/requirements.txt
+fi
+if ! .venv/bin/python -c "import torch, transformers, scikit_build_core" 2>/dev/null; then
+  echo "install-deps: torch, transformers, scikit-build-core into .venv (the Python package's tests)"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/py/requirements-torch.txt
 fi
 echo "install-deps: ok"
