@@ -2,6 +2,7 @@
  * layer.c -- the layer handle: creation rules (SPEC §1), weight loading and validation (SPEC §3-6),
  * finalize, and the forward entry point that checks its arguments and hands over to a backend.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +10,6 @@
 
 #include "formats.h"
 #include "internal.h"
-
-static const char *const k_proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
-static const char *const k_field_names[4] = {"weight", "weight_scale", "weight_scale_2", "input_scale"};
 
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...) {
     char detail[MM_ERR_LEN];
@@ -32,6 +30,35 @@ void megamoe_layer_config_init(megamoe_layer_config *config) {
     config->timeout_ms = 10000;
 }
 
+/* SPEC §1's size rules, the one place that states them: the layer config (create), the checkpoint
+ * reader (describe, so inspect and quantize refuse what run refuses) and quantize all call this. 64-bit
+ * arguments, so a dimension read from a file is checked before it is narrowed to int. */
+megamoe_status mm_check_layer_shape(int64_t E, int64_t H, int64_t I, char *msg) {
+    if (E < 1 || E > MM_MAX_EXPERTS) {
+        mm_set_error(msg, "num_experts E=%lld must be in 1..%d", (long long)E, MM_MAX_EXPERTS);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (H < 256 || H % 256 != 0 || H > MM_MAX_DIM) {
+        mm_set_error(msg, "hidden_size H=%lld must be a positive multiple of 256 (at most %d)", (long long)H,
+                     MM_MAX_DIM);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (I < 256 || I % 256 != 0 || I > MM_MAX_DIM) {
+        mm_set_error(msg, "intermediate_size I=%lld must be a positive multiple of 256 (at most %d)",
+                     (long long)I, MM_MAX_DIM);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status mm_check_activation_clamp(float clamp, char *msg) {
+    if (!(clamp >= 0.0f) || !isfinite(clamp)) {
+        mm_set_error(msg, "activation_clamp=%g must be finite and >= 0 (0 = off)", (double)clamp);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    return MEGAMOE_OK;
+}
+
 /* Checks SPEC §1's size rules; writes a message naming the rule and the values. */
 static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_config *c, char *msg) {
     const int R = g->world_size;
@@ -39,21 +66,15 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
         mm_set_error(msg, "format %d is neither NVFP4 (0) nor BF16 (1)", (int)c->format);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (c->num_experts < 1 || c->num_experts % R != 0) {
+    megamoe_status st = mm_check_layer_shape(c->num_experts, c->hidden_size, c->intermediate_size, msg);
+    if (st) return st;
+    if (c->num_experts % R != 0) {
         mm_set_error(msg, "num_experts E=%d must be a positive multiple of the ranks R=%d (E %% R == 0)",
                      c->num_experts, R);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->top_k < 1 || c->top_k > 32) {
         mm_set_error(msg, "top_k K=%d must be in 1..32", c->top_k);
-        return MEGAMOE_ERR_INVALID_ARGUMENT;
-    }
-    if (c->hidden_size < 256 || c->hidden_size % 256 != 0) {
-        mm_set_error(msg, "hidden_size H=%d must be a positive multiple of 256", c->hidden_size);
-        return MEGAMOE_ERR_INVALID_ARGUMENT;
-    }
-    if (c->intermediate_size < 256 || c->intermediate_size % 256 != 0) {
-        mm_set_error(msg, "intermediate_size I=%d must be a positive multiple of 256", c->intermediate_size);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->max_tokens < 1) {
@@ -76,11 +97,8 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
         mm_set_error(msg, "norm_gain_center=%g must be finite", (double)c->norm_gain_center);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (!(c->activation_clamp >= 0.0f) || !isfinite(c->activation_clamp)) {
-        mm_set_error(msg, "activation_clamp=%g must be finite and >= 0 (0 = off)",
-                     (double)c->activation_clamp);
-        return MEGAMOE_ERR_INVALID_ARGUMENT;
-    }
+    st = mm_check_activation_clamp(c->activation_clamp, msg);
+    if (st) return st;
     if (c->gemm_kernel < 0 || c->gemm_kernel > 5) {
         mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming), 4 (warp-specialized) or 5 (warp-specialized, 64-token blocks)",
                      c->gemm_kernel);
@@ -262,12 +280,31 @@ static megamoe_status check_block_scales(megamoe_layer *l, const char *what, con
     return MEGAMOE_OK;
 }
 
-/* Global scales (weight_scale_2, w2_input_scale): finite and > 0. */
+/* Global scales (weight_scale_2, w2_input_scale): finite, > 0, and small enough that the largest value
+ * they decode to, 6 (E2M1) x 448 (E4M3) x scale, is a finite float: scale <= FLT_MAX / 2688 =
+ * 1.2659e35. Every scale a quantizer derives from bf16 data, amax / 2688 <= 1.2610e35, passes. */
 static megamoe_status check_global_scale(megamoe_layer *l, const char *what, float v, int expert) {
-    if (!(v > 0.0f) || !isfinite(v))
+    if (!(v > 0.0f) || !isfinite(v) || v > FLT_MAX / 2688.0f)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT,
-                             "%s of expert %d is %g; a global scale must be finite and > 0", what, expert,
-                             (double)v);
+                             "%s of expert %d is %g; a global scale must be finite and > 0, and 6 x 448 x "
+                             "scale (the largest value it decodes to) a finite float: at most %.5g",
+                             what, expert, (double)v, (double)(FLT_MAX / 2688.0f));
+    return MEGAMOE_OK;
+}
+
+/* BF16 weights: every element finite, as NVFP4 scales are checked (a NaN weight would turn whole rows
+ * of y into NaN with no error). */
+static megamoe_status check_bf16_finite(megamoe_layer *l, const char *what, const uint8_t *src, size_t n,
+                                        int expert) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, src + 2 * i, 2);
+        if ((b & 0x7F80u) == 0x7F80u)
+            return mm_layer_fail(
+                l, MEGAMOE_ERR_BAD_WEIGHT,
+                "%s of expert %d: element %zu is not finite (%s); BF16 weights must be finite", what, expert,
+                i, (b & 0x7Fu) ? "NaN" : "an infinity");
+    }
     return MEGAMOE_OK;
 }
 
@@ -375,6 +412,9 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
             if (kind == ST_W13_SF || kind == ST_W2_SF) {
                 st = check_block_scales(l, name, src, (size_t)per_expert, e);
                 if (st) return st;
+            } else if (!nvfp4 && (kind == ST_W13 || kind == ST_W2)) {
+                st = check_bf16_finite(l, name, src, (size_t)per_expert, e);
+                if (st) return st;
             } else if (kind == ST_W13_ALPHA || kind == ST_W2_ALPHA || kind == ST_W2_INPUT) {
                 for (int64_t i = 0; i < per_expert; i++) {
                     st = check_global_scale(l, name, load_f32(src, (size_t)i), e);
@@ -417,7 +457,7 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
                              (int)field);
     const int E = l->config.num_experts;
     char what[96];
-    snprintf(what, sizeof what, "experts.%d.%s.%s", expert, k_proj_names[proj], k_field_names[field]);
+    snprintf(what, sizeof what, "experts.%d.%s.%s", expert, mm_proj_names[0][proj], mm_field_names[0][field]);
     if (expert < 0 || expert >= E)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "%s: expert id %d is outside [0, %d)", what, expert,
                              E);
@@ -451,6 +491,9 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
         if (megamoe_group_rank(l->group, r) == owner) local = r;
     if (field == MEGAMOE_FIELD_WEIGHT_SCALE) {
         st = check_block_scales(l, what, t->data, (size_t)megamoe_tensor_numel(t), expert);
+        if (st) return st;
+    } else if (field == MEGAMOE_FIELD_WEIGHT && !nvfp4) {
+        st = check_bf16_finite(l, what, t->data, (size_t)megamoe_tensor_numel(t), expert);
         if (st) return st;
     } else if (field == MEGAMOE_FIELD_WEIGHT_SCALE_2 ||
                (field == MEGAMOE_FIELD_INPUT_SCALE && proj == MEGAMOE_PROJ_DOWN)) {
@@ -562,7 +605,7 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
         int bit = __builtin_ctz(first_missing);
         return mm_layer_fail(l, MEGAMOE_ERR_NOT_FINALIZED,
                              "cannot finalize: expert %d has no %s.%s%s (%d local expert%s incomplete)",
-                             first_expert, k_proj_names[bit / 4], k_field_names[bit % 4],
+                             first_expert, mm_proj_names[0][bit / 4], mm_field_names[0][bit % 4],
                              __builtin_popcount(first_missing) > 1 ? " and more" : "", missing_experts,
                              missing_experts == 1 ? "" : "s");
     }
@@ -594,6 +637,26 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
 
 /* ---- Forward ----------------------------------------------------------------------------------- */
 
+/* Routing weights of the slots that count (an expert id other than -1, on a token that is not padding)
+ * must be finite: a NaN or infinite weight is bad input (SPEC §5), not a NaN row. The CPU backend
+ * checks them here; device backends hold them in device memory and their callers check them (the
+ * CLI does, on the host, before a device forward). */
+static megamoe_status check_topk_weights(megamoe_layer *l, int rank, const megamoe_forward_args *a) {
+    const int K = l->config.top_k;
+    for (int t = 0; t < a->num_tokens; t++) {
+        if (a->is_padding && a->is_padding[t]) continue;
+        for (int k = 0; k < K; k++) {
+            const size_t i = (size_t)t * (size_t)K + (size_t)k;
+            if (a->topk_ids[i] != -1 && !isfinite(a->topk_weights[i]))
+                return mm_layer_fail(l, MEGAMOE_ERR_BAD_INPUT,
+                                     "rank %d token %d slot %d: topk_weights is %g; routing weights must be "
+                                     "finite",
+                                     rank, t, k, (double)a->topk_weights[i]);
+        }
+    }
+    return MEGAMOE_OK;
+}
+
 megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_args *args, void *stream) {
     (void)stream;
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
@@ -618,6 +681,10 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
             (((uintptr_t)a->x | (uintptr_t)a->y) & 15u) != 0)
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x and y must be 16-byte aligned device pointers", rank);
+        if (l->group->config.backend == MEGAMOE_BACKEND_CPU && a->num_tokens > 0) {
+            const megamoe_status st = check_topk_weights(l, rank, a);
+            if (st) return st;
+        }
     }
     if (l->group->config.backend != MEGAMOE_BACKEND_CPU) return mm_cuda_forward(l, args, stream);
     return mm_cpu_forward(l, args);

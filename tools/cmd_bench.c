@@ -1,7 +1,9 @@
 /*
  * cmd_bench.c -- `megamoe bench`: times the forward of a layer of random weights.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +13,7 @@ static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
     "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream|ws|ws64]\n"
-    "                     [--peak-tflops P]\n"
+    "                     [--peak-tflops P] [--json FILE]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
     "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
@@ -29,6 +31,9 @@ static const char k_bench_help[] =
     "             warp-specialized warpgroup-MMA kernel for many tokens per expert) or ws64 (the same\n"
     "             on 64-token blocks; auto takes it for BF16 from 4 tokens per expert, and for NVFP4\n"
     "             above 16 per expert when H and I are both 4096 or more).\n"
+    "  --json FILE  append one JSON object per T to FILE (JSON Lines), with the keys shape, format,\n"
+    "             activations, T, median_ms, min_ms, max_ms, tflops, weight_gbps, pct_copy (null\n"
+    "             without a measured copy bandwidth), commit, gpu (\"cpu\" on the CPU) and date (UTC).\n"
     "  --peak-tflops P  the bf16 peak the arithmetic rate is reported against (default 795: an\n"
     "             8192^3 bf16 product with cuBLAS on an H200, measured).\n"
     "\n"
@@ -119,11 +124,13 @@ int cmd_bench(int argc, char **argv) {
                                          {"gpus", required_argument, 0, 'G'},
                                          {"gemm", required_argument, 0, 'g'},
                                          {"peak-tflops", required_argument, 0, 'P'},
+                                         {"json", required_argument, 0, 'J'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0, gemm = 0;
     int Ts[32] = {256};
     uint64_t seed = 1;
+    const char *json_path = NULL;
     float peak_tflops = 795.0f;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
@@ -159,6 +166,7 @@ int cmd_bench(int argc, char **argv) {
             break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;
         case 'P': ok = cli_parse_float(optarg, &peak_tflops) && peak_tflops > 0; break;
+        case 'J': json_path = optarg; break;
         case 'f':
             if (strcmp(optarg, "nvfp4") == 0)
                 fmt = MEGAMOE_FORMAT_NVFP4;
@@ -173,6 +181,11 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!ok) return cli_fail("bench: bad value '%s' (see megamoe bench --help)", optarg);
     }
+    if (cli_check_threads("bench", threads) || (gpus == 0 && cli_check_ranks("bench", R))) return 1;
+    if (json_path && gpus > 0) return cli_fail("bench: --json is not written for --gpus runs yet");
+    FILE *json = NULL;
+    if (json_path && !(json = fopen(json_path, "a")))
+        return cli_fail("bench: --json %s: cannot open for appending: %s", json_path, strerror(errno));
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail(
             "bench: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");
@@ -191,6 +204,8 @@ int cmd_bench(int argc, char **argv) {
     }
     cli_layer L;
     int rc = cli_layer_create(backend, R, threads, &cfg, &L);
+    char gpu[256] = "cpu";
+    if (backend == MEGAMOE_BACKEND_CUDA) cli_device_name(gpu, sizeof gpu);
     if (!rc) rc = bench_load(L.layer, &cfg, seed);
     const int nvfp4 = fmt == MEGAMOE_FORMAT_NVFP4;
     const double copy_gbps = !rc && backend == MEGAMOE_BACKEND_CUDA ? cli_device_copy_gbps() : 0.0;
@@ -210,24 +225,27 @@ int cmd_bench(int argc, char **argv) {
                 x[i] = cli_f32_to_bf16((float)cli_rng_normal(&r));
             cli_random_routing(&r, T, K, E, ids, w);
         }
-        double med = 0;
+        double med = 0, lo = 0, hi = 0; /* seconds */
         if (!rc && backend == MEGAMOE_BACKEND_CUDA) {
-            if (cli_forward_split_device(&L, T, K, H, x, ids, w, NULL, y, iters, &med))
+            if (cli_forward_split_device_stats(&L, T, K, H, x, ids, w, NULL, y, iters, &lo, &med, &hi))
                 rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
-            med *= 1e-3;
+            med *= 1e-3, lo *= 1e-3, hi *= 1e-3;
         } else if (!rc) {
+            char what[64];
+            snprintf(what, sizeof what, "bench T=%d forwards", T);
             for (int it = -1; it < iters && !rc; it++) { /* one warm-up */
                 const double t0 = cli_now_seconds();
                 if (cli_forward_split(&L, T, K, H, x, ids, w, NULL, y))
                     rc = cli_fail("%s", megamoe_layer_last_error(L.layer));
                 if (it >= 0) times[it] = cli_now_seconds() - t0;
+                cli_progress(NULL, what, (uint64_t)(it + 2), (uint64_t)iters + 1);
             }
             for (int i = 1; i < iters; i++)
                 for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
                     double tmp = times[j];
                     times[j] = times[j - 1], times[j - 1] = tmp;
                 }
-            med = times[iters / 2];
+            med = times[iters / 2], lo = times[0], hi = times[iters - 1];
         }
         if (!rc) {
             int touched = 0;
@@ -242,15 +260,25 @@ int cmd_bench(int argc, char **argv) {
             if (copy_gbps > 0)
                 snprintf(frac, sizeof frac, " [%.0f%% of copy, %.1f%% of bf16 peak]", 100.0 * gbps / copy_gbps,
                          100.0 * tflops / peak_tflops);
-            printf(
-                "bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.1f TFLOP/s, "
-                "%.1f GB/s of touched expert weights (%d experts)%s\n",
-                E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
-                med * 1e3, iters, tflops, gbps, touched, frac);
+            /* Three significant digits below 1 TFLOP/s (a CPU's rate), one decimal above. */
+            printf("bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.*f TFLOP/s, "
+                   "%.1f GB/s of touched expert weights (%d experts)%s\n",
+                   E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
+                   med * 1e3, iters, tflops >= 1 || tflops == 0 ? 1 : 2 - (int)floor(log10(tflops)), tflops, gbps,
+                   touched, frac);
             fflush(stdout);
+            if (json) {
+                char shape[96];
+                snprintf(shape, sizeof shape, "E=%d K=%d H=%d I=%d", E, K, H, I);
+                if (cli_bench_json_record(json, shape, nvfp4 ? "nvfp4" : "bf16", cli_activations_name(&cfg), T,
+                                          med * 1e3, lo * 1e3, hi * 1e3, tflops, gbps,
+                                          copy_gbps > 0 ? 100.0 * gbps / copy_gbps : -1.0, gpu))
+                    rc = cli_fail("bench: --json %s: cannot write: %s", json_path, strerror(errno));
+            }
         }
         free(times), free(x), free(y), free(ids), free(w);
     }
     cli_layer_destroy(&L);
+    if (json && fclose(json) != 0 && !rc) rc = cli_fail("bench: --json %s: cannot write: %s", json_path, strerror(errno));
     return rc;
 }

@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -44,6 +45,9 @@ int cmd_quantize(int argc, char **argv) {
     char err[1024];
     megamoe_status st = megamoe_quantize_checkpoint(argv[optind], argv[optind + 1], &o, err, sizeof err);
     if (st) return cli_fail("quantize: %s: %s", megamoe_status_string(st), err);
+    struct stat sb;
+    if (stat(argv[optind + 1], &sb) != 0)
+        return cli_fail("quantize: %s is missing after the write", argv[optind + 1]);
     fprintf(stderr, "wrote %s\n", argv[optind + 1]);
     return 0;
 }

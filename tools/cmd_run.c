@@ -48,6 +48,14 @@ static int open_inputs(const char *path, inputs *in) {
         megamoe_checkpoint_find(in->file, "topk_weights", &in->weights))
         return cli_fail("%s: needs tensors hidden_states, topk_ids and topk_weights", path);
     in->has_padding = megamoe_checkpoint_find(in->file, "is_padding", &in->padding) == MEGAMOE_OK;
+    /* Every dimension fits an int before it is narrowed (a [0, 2^32 + 2] tensor holds no data). */
+    const megamoe_tensor *all[4] = {&in->x, &in->ids, &in->weights, &in->padding};
+    const char *names[4] = {"hidden_states", "topk_ids", "topk_weights", "is_padding"};
+    for (int i = 0; i < (in->has_padding ? 4 : 3); i++)
+        for (int d = 0; d < all[i]->ndim; d++)
+            if (all[i]->shape[d] > 2147483647)
+                return cli_fail("%s: %s has %lld in dimension %d, more than the 2^31 - 1 a size can be", path,
+                                names[i], (long long)all[i]->shape[d], d);
     if (in->x.ndim != 2 || in->x.dtype != MEGAMOE_DTYPE_BF16)
         return cli_fail("%s: hidden_states must be [T, H] BF16, got %s with %d dims", path,
                         megamoe_dtype_name(in->x.dtype), in->x.ndim);
@@ -121,6 +129,10 @@ int cmd_run(int argc, char **argv) {
         fputs(k_run_help, stderr);
         return 2;
     }
+    if (cli_check_threads("run", threads) || (gpus == 0 && cli_check_ranks("run", ranks))) return 1;
+    /* The output never replaces an input: not the inputs file, not a file of the checkpoint. */
+    if (cli_same_file(out_path, in_path))
+        return cli_fail("run: --output %s would replace the input %s", out_path, in_path);
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail("run: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA "
                         "backend; use --backend cpu");
@@ -137,6 +149,12 @@ int cmd_run(int argc, char **argv) {
         cli_fail("%s", megamoe_checkpoint_last_error(ck));
         goto done;
     }
+    for (int f = 0; f < megamoe_checkpoint_num_files(ck); f++)
+        if (cli_same_file(out_path, megamoe_checkpoint_file(ck, f))) {
+            cli_fail("run: --output %s would replace the checkpoint file %s", out_path,
+                     megamoe_checkpoint_file(ck, f));
+            goto done;
+        }
     megamoe_layer_info info;
     st = megamoe_checkpoint_describe_layer(ck, prefix, &info);
     if (st) {
@@ -149,12 +167,8 @@ int cmd_run(int argc, char **argv) {
                  info.hidden_size);
         goto done;
     }
-    if (ranks < 1) {
-        cli_fail("run: --ranks must be >= 1");
-        goto done;
-    }
     if (gpus > 0) ranks = gpus; /* one rank per GPU */
-    const int chunk = (in.T + ranks - 1) / ranks;
+    const int chunk = (int)(((int64_t)in.T + ranks - 1) / ranks);
     cfg.name = info.prefix[0] ? info.prefix : "moe";
     cfg.num_experts = info.num_experts;
     cfg.top_k = in.K;
@@ -169,6 +183,13 @@ int cmd_run(int argc, char **argv) {
     y = malloc((size_t)in.T * (size_t)in.H * 2 + 2);
     if (!x || !ids || !w || !y || (in.has_padding && !pad)) {
         cli_fail("out of memory");
+        goto done;
+    }
+    /* Bad routing is refused before any forward, so no partial y is ever written. Device backends read
+     * the weights on the device, where the library does not check them: checked here too. */
+    if (cli_check_routing(in_path, in.T, in.K, info.num_experts, ids, w, pad,
+                          gpus > 0 || backend != MEGAMOE_BACKEND_CPU)) {
+        fprintf(stderr, "megamoe: %s not written\n", out_path);
         goto done;
     }
     if (gpus > 0) {
@@ -186,10 +207,12 @@ int cmd_run(int argc, char **argv) {
              ? cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y)
              : cli_forward_split_device(&L, in.T, in.K, in.H, x, ids, w, pad, y, 0, NULL);
     if (st) {
-        cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
+        cli_fail("%s: %s (%s not written)", megamoe_status_string(st), megamoe_layer_last_error(L.layer),
+                 out_path);
         goto done;
     }
-write:;
+write:
+    cli_warn_nonfinite_y(in.T, in.H, x, pad, y);
     megamoe_named_tensor out = {"y", {MEGAMOE_DTYPE_BF16, 2, {in.T, in.H}, y}};
     char err[1024];
     st = megamoe_safetensors_write(out_path, &out, 1, err, sizeof err);
@@ -197,6 +220,7 @@ write:;
         cli_fail("%s", err);
         goto done;
     }
+    fprintf(stderr, "wrote y [%d, %d] to %s\n", in.T, in.H, out_path);
     rc = 0;
 done:
     free(x), free(ids), free(w), free(pad), free(y);
