@@ -28,7 +28,8 @@ test-sanitize:
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE nosan
 
-# Runs the safetensors fuzzer for FUZZ_SECONDS over its corpus (clang + libFuzzer).
+# Runs each fuzz target (safetensors, loader, forward) for FUZZ_SECONDS over its tracked seeds; what it
+# finds goes to build-fuzz/corpus/ (ignored), so the tree stays clean (clang + libFuzzer).
 FUZZ_SECONDS ?= 60
 fuzz:
 	./tests/fuzz/run.sh $(FUZZ_SECONDS)
