@@ -314,34 +314,66 @@ static float load_f32(const void *p, size_t i) {
     return v;
 }
 
+/* ---- The shape table both loaders derive from ------------------------------------------------- */
+
+/* One expert's tensor of a projection and field as SPEC §3-4 store it: the weight [rows, cols/2] U8
+ * (NVFP4) or [rows, cols] BF16, the block scales [rows, cols/16] E4M3, the global and input scales F32
+ * scalars; rows x cols is [I, H] for gate and up, [H, I] for down. The stacked tensors are these with
+ * the experts in front and gate and up rows concatenated ([E, 2I, ...]; scalars [E, 2] and [E]). */
+static void expert_tensor_shape(const megamoe_layer_config *c, megamoe_proj proj, megamoe_field field,
+                                megamoe_dtype *dt, int *ndim, int64_t shape[2]) {
+    const int nvfp4 = c->format == MEGAMOE_FORMAT_NVFP4;
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int64_t rows = proj == MEGAMOE_PROJ_DOWN ? H : I, cols = proj == MEGAMOE_PROJ_DOWN ? I : H;
+    shape[0] = rows;
+    *ndim = 2;
+    switch (field) {
+    case MEGAMOE_FIELD_WEIGHT:
+        shape[1] = nvfp4 ? cols / 2 : cols;
+        *dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
+        break;
+    case MEGAMOE_FIELD_WEIGHT_SCALE:
+        shape[1] = cols / 16;
+        *dt = MEGAMOE_DTYPE_F8_E4M3;
+        break;
+    case MEGAMOE_FIELD_WEIGHT_SCALE_2:
+    case MEGAMOE_FIELD_INPUT_SCALE:
+        *ndim = 0;
+        *dt = MEGAMOE_DTYPE_F32;
+        break;
+    }
+}
+
 /* ---- Stacked loading --------------------------------------------------------------------------- */
 
-typedef enum stacked_kind {
-    ST_W13,
-    ST_W13_SF,
-    ST_W13_ALPHA,
-    ST_W13_INPUT,
-    ST_W2,
-    ST_W2_SF,
-    ST_W2_ALPHA,
-    ST_W2_INPUT
-} stacked_kind;
-
+/* The stacked names: w13_* holds gate and up, w2_* down; each name is one field. */
 static const struct {
     const char *name;
-    stacked_kind kind;
-    int nvfp4_only;
-    uint16_t parts;
+    int w13;
+    megamoe_field field;
 } k_stacked[] = {
-    {"w13_weight", ST_W13, 0, MM_PART(0, 0) | MM_PART(1, 0)},
-    {"w13_weight_scale", ST_W13_SF, 1, MM_PART(0, 1) | MM_PART(1, 1)},
-    {"w13_weight_scale_2", ST_W13_ALPHA, 1, MM_PART(0, 2) | MM_PART(1, 2)},
-    {"w13_input_scale", ST_W13_INPUT, 1, MM_PART(0, 3) | MM_PART(1, 3)},
-    {"w2_weight", ST_W2, 0, MM_PART(2, 0)},
-    {"w2_weight_scale", ST_W2_SF, 1, MM_PART(2, 1)},
-    {"w2_weight_scale_2", ST_W2_ALPHA, 1, MM_PART(2, 2)},
-    {"w2_input_scale", ST_W2_INPUT, 1, MM_PART(2, 3)},
+    {"w13_weight", 1, MEGAMOE_FIELD_WEIGHT},
+    {"w13_weight_scale", 1, MEGAMOE_FIELD_WEIGHT_SCALE},
+    {"w13_weight_scale_2", 1, MEGAMOE_FIELD_WEIGHT_SCALE_2},
+    {"w13_input_scale", 1, MEGAMOE_FIELD_INPUT_SCALE},
+    {"w2_weight", 0, MEGAMOE_FIELD_WEIGHT},
+    {"w2_weight_scale", 0, MEGAMOE_FIELD_WEIGHT_SCALE},
+    {"w2_weight_scale_2", 0, MEGAMOE_FIELD_WEIGHT_SCALE_2},
+    {"w2_input_scale", 0, MEGAMOE_FIELD_INPUT_SCALE},
 };
+
+/* Where a rank keeps a stacked tensor's experts (the checkpoint layout, experts back to back). */
+static void *stacked_dst(mm_rank_weights *w, int w13, megamoe_field field, int nvfp4) {
+    switch (field) {
+    case MEGAMOE_FIELD_WEIGHT:
+        return w13 ? (nvfp4 ? (void *)w->w13 : (void *)w->w13_bf16)
+                   : (nvfp4 ? (void *)w->w2 : (void *)w->w2_bf16);
+    case MEGAMOE_FIELD_WEIGHT_SCALE: return w13 ? w->w13_sf : w->w2_sf;
+    case MEGAMOE_FIELD_WEIGHT_SCALE_2: return w13 ? w->w13_alpha : w->w2_alpha;
+    case MEGAMOE_FIELD_INPUT_SCALE: return w13 ? w->w13_input_scale : w->w2_input_scale;
+    }
+    return NULL;
+}
 
 megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, const megamoe_tensor *full) {
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
@@ -358,46 +390,21 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
                              "w13_weight_scale_2, w13_input_scale, w2_weight, w2_weight_scale, "
                              "w2_weight_scale_2 or w2_input_scale)",
                              name);
-    if (k_stacked[idx].nvfp4_only && !nvfp4)
+    const int w13 = k_stacked[idx].w13;
+    const megamoe_field field = k_stacked[idx].field;
+    if (field != MEGAMOE_FIELD_WEIGHT && !nvfp4)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "unexpected expert weight '%s': the layer is BF16",
                              name);
-    const int64_t E = l->config.num_experts, H = l->config.hidden_size, I = l->config.intermediate_size;
-    const stacked_kind kind = k_stacked[idx].kind;
-    int64_t shape[3] = {E, 0, 0};
-    int ndim = 3, unit = 0;
+    const int64_t E = l->config.num_experts;
     megamoe_dtype dt = MEGAMOE_DTYPE_F32;
-    switch (kind) {
-    case ST_W13:
-        shape[1] = 2 * I;
-        shape[2] = nvfp4 ? H / 2 : H;
-        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
-        break;
-    case ST_W13_SF:
-        shape[1] = 2 * I;
-        shape[2] = H / 16;
-        dt = MEGAMOE_DTYPE_F8_E4M3;
-        break;
-    case ST_W13_ALPHA:
-    case ST_W13_INPUT:
-        shape[1] = 2;
-        ndim = 2;
-        break;
-    case ST_W2:
-        shape[1] = H;
-        shape[2] = nvfp4 ? I / 2 : I;
-        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
-        break;
-    case ST_W2_SF:
-        shape[1] = H;
-        shape[2] = I / 16;
-        dt = MEGAMOE_DTYPE_F8_E4M3;
-        break;
-    case ST_W2_ALPHA:
-    case ST_W2_INPUT:
-        ndim = 1;
-        unit = 1;
-        break;
-    }
+    int pndim;
+    int64_t pshape[2] = {0, 0};
+    expert_tensor_shape(&l->config, w13 ? MEGAMOE_PROJ_GATE : MEGAMOE_PROJ_DOWN, field, &dt, &pndim, pshape);
+    /* [E, rows (x 2 for w13), cols]; scalars [E, 2] (w13) or [E] (w2, a trailing [1] allowed) */
+    int64_t shape[3] = {E, pndim ? (w13 ? 2 : 1) * pshape[0] : 2, pshape[1]};
+    const int ndim = pndim ? 3 : (w13 ? 2 : 1), unit = !pndim && !w13;
+    const int scale_check =
+        field == MEGAMOE_FIELD_WEIGHT_SCALE_2 || (field == MEGAMOE_FIELD_INPUT_SCALE && !w13);
     st = check_tensor(l, name, full, dt, ndim, shape, unit);
     if (st) return st;
 
@@ -409,13 +416,13 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
         const int e0 = megamoe_group_rank(l->group, r) * E_r;
         for (int e = e0; e < e0 + E_r; e++) {
             const uint8_t *src = (const uint8_t *)full->data + (size_t)e * (size_t)per_expert * esize;
-            if (kind == ST_W13_SF || kind == ST_W2_SF) {
+            if (field == MEGAMOE_FIELD_WEIGHT_SCALE) {
                 st = check_block_scales(l, name, src, (size_t)per_expert, e);
                 if (st) return st;
-            } else if (!nvfp4 && (kind == ST_W13 || kind == ST_W2)) {
+            } else if (field == MEGAMOE_FIELD_WEIGHT && !nvfp4) {
                 st = check_bf16_finite(l, name, src, (size_t)per_expert, e);
                 if (st) return st;
-            } else if (kind == ST_W13_ALPHA || kind == ST_W2_ALPHA || kind == ST_W2_INPUT) {
+            } else if (scale_check) {
                 for (int64_t i = 0; i < per_expert; i++) {
                     st = check_global_scale(l, name, load_f32(src, (size_t)i), e);
                     if (st) return st;
@@ -427,20 +434,12 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
         mm_rank_weights *w = &l->ranks[r];
         const int e0 = megamoe_group_rank(l->group, r) * E_r;
         const uint8_t *src = (const uint8_t *)full->data + (size_t)e0 * (size_t)per_expert * esize;
-        void *dst = NULL;
-        switch (kind) {
-        case ST_W13: dst = nvfp4 ? (void *)w->w13 : (void *)w->w13_bf16; break;
-        case ST_W13_SF: dst = w->w13_sf; break;
-        case ST_W13_ALPHA: dst = w->w13_alpha; break;
-        case ST_W13_INPUT: dst = w->w13_input_scale; break;
-        case ST_W2: dst = nvfp4 ? (void *)w->w2 : (void *)w->w2_bf16; break;
-        case ST_W2_SF: dst = w->w2_sf; break;
-        case ST_W2_ALPHA: dst = w->w2_alpha; break;
-        case ST_W2_INPUT: dst = w->w2_input_scale; break;
-        }
+        void *dst = stacked_dst(w, w13, field, nvfp4);
         memcpy(dst, src, (size_t)E_r * (size_t)per_expert * esize);
         for (int e = 0; e < E_r; e++)
-            w->loaded[e] |= k_stacked[idx].parts;
+            w->loaded[e] |=
+                w13 ? (uint16_t)(MM_PART(MEGAMOE_PROJ_GATE, field) | MM_PART(MEGAMOE_PROJ_UP, field))
+                    : (uint16_t)MM_PART(MEGAMOE_PROJ_DOWN, field);
     }
     return MEGAMOE_OK;
 }
@@ -465,23 +464,10 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
     if (!nvfp4 && field != MEGAMOE_FIELD_WEIGHT)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "unexpected expert weight '%s': the layer is BF16",
                              what);
-    const int64_t H = l->config.hidden_size, I = l->config.intermediate_size;
-    const int64_t rows = proj == MEGAMOE_PROJ_DOWN ? H : I, cols = proj == MEGAMOE_PROJ_DOWN ? I : H;
-    int64_t shape[2] = {rows, 0};
-    int ndim = 2;
     megamoe_dtype dt = MEGAMOE_DTYPE_F32;
-    switch (field) {
-    case MEGAMOE_FIELD_WEIGHT:
-        shape[1] = nvfp4 ? cols / 2 : cols;
-        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
-        break;
-    case MEGAMOE_FIELD_WEIGHT_SCALE:
-        shape[1] = cols / 16;
-        dt = MEGAMOE_DTYPE_F8_E4M3;
-        break;
-    case MEGAMOE_FIELD_WEIGHT_SCALE_2:
-    case MEGAMOE_FIELD_INPUT_SCALE: ndim = 0; break;
-    }
+    int ndim;
+    int64_t shape[2] = {0, 0};
+    expert_tensor_shape(&l->config, proj, field, &dt, &ndim, shape);
     st = check_tensor(l, what, t, dt, ndim, shape, ndim == 0);
     if (st) return st;
 
