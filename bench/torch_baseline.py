@@ -3,15 +3,21 @@ benchmark comparison of issue 3 (not a test; it has no reference to meet):
   BF16:  permute tokens by expert, torch._grouped_mm for gate/up, SiLU * up, torch._grouped_mm for
          down, weighted scatter-add back to the tokens;
   NVFP4: decode the E2M1 codes and E4M3 block scales to bf16 weights on every forward, then the same.
-Median time per forward over CUDA events after a warm-up. Usage: python3 bench/torch_baseline.py
+Median time per forward over CUDA events after a warm-up; eager (no CUDA graph) and no L2 flush, which
+favours it at small T. The NVFP4 form is 100-900x slower than megamoe's and off by default.
+  python3 bench/torch_baseline.py [TOKENS] [--formats bf16,nvfp4] [--shapes NAME,...] [--json FILE]
 """
+import argparse
+import os
 import sys
+import time
 
 import torch
 
-SHAPES = {"DeepSeek-V3-like": (256, 8, 7168, 2048), "Qwen3-30B-like": (128, 8, 2048, 768),
-          "Mixtral-like": (8, 2, 4096, 14336)}
-TOKENS = [int(t) for t in (sys.argv[1].split(",") if len(sys.argv) > 1 else "1,8,32,128,512,2048,8192".split(","))]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import records as R  # noqa: E402
+
+SHAPES = R.SHAPES
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
 
 
@@ -54,10 +60,19 @@ def median_ms(fn, iters=10):
 
 
 def main():
+    ap = argparse.ArgumentParser(description="the MoE experts layer in plain PyTorch ops, timed")
+    ap.add_argument("tokens", nargs="?", default="1,8,32,128,512,2048,8192")
+    ap.add_argument("--formats", default="bf16")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--json", help="append records (bench/records.py) to this file")
+    a = ap.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    gpu, date, out = torch.cuda.get_device_name(), time.strftime("%Y-%m-%d", time.gmtime()), []
     g = torch.Generator(device="cuda").manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    for name, (E, K, H, I) in SHAPES.items():
-        for fmt in ["bf16", "nvfp4"]:
+    print(f"torch {torch.__version__}, {gpu}")
+    for name in a.shapes.split(","):
+        E, K, H, I = SHAPES[name]
+        for fmt in a.formats.split(","):
             if fmt == "bf16":
                 w13 = (torch.randn(E, 2 * I, H, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
                 w2 = (torch.randn(E, H, I, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
@@ -71,7 +86,7 @@ def main():
                 d13 = torch.empty(E, 2 * I, H, device="cuda", dtype=torch.bfloat16)
                 d2 = torch.empty(E, H, I, device="cuda", dtype=torch.bfloat16)
                 weights = lambda: (decode_nvfp4(c13, s13, al, d13), decode_nvfp4(c2, s2, al, d2))
-            for T in TOKENS:
+            for T in tokens:
                 x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
                 ids = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices.to(torch.int32)
                 w = torch.softmax(torch.randn(T, K, device="cuda", generator=g), dim=1)
@@ -79,10 +94,16 @@ def main():
                     ms = median_ms(lambda: moe(x, ids, w, *weights(), I))
                     tf = 6 * H * I * T * K / (ms * 1e-3) / 1e12
                     print(f"torch {name} {fmt} T={T}: {ms:.4f} ms, {tf:.1f} TFLOP/s", flush=True)
+                    out.append(R.record(R.shape_str(E, K, H, I), fmt, T, round(ms, 4), gpu=gpu, date=date,
+                                        activations="bf16" if fmt == "nvfp4" else None,
+                                        source=f"torch:{torch.__version__}, bench/torch_baseline.py (eager, no L2 flush)"))
                 except Exception as e:  # noqa: BLE001 - report and go on to the next point
                     print(f"torch {name} {fmt} T={T}: failed: {type(e).__name__}: {e}", flush=True)
             del weights
             torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "a") as f:
+            R.write_jsonl(out, f)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,279 @@
+"""Humming's NVFP4 MoE forward (PyPI humming-kernels 0.1.20), called the way vLLM's default Humming MoE
+path calls it, for the side-by-side benchmark and the accuracy comparison.
+
+vLLM's path (HummingMoEMethod + HummingIndexedExperts): the checkpoint's ModelOpt NVFP4 tensors are
+converted to Humming's layout per sublayer (w13 as two stacked shards gate / up, w2), then per forward:
+moe_align_block_size (slot ids sorted by expert, each expert padded to the kernel's token block), the
+gate/up GEMM reading token rows through the sorted ids (top_k = K), SiLU·mul, the down GEMM (top_k = 1),
+and the weighted sum over the K slots. Activations stay BF16 (W4A16). The glue here is torch ops (vLLM
+has CUDA kernels for the align and the sum); the two GEMMs are Humming's.
+
+  python3 bench/peers/humming_moe.py [--shapes NAME,...] [--tokens 1,8,...] [--iters N] [--json FILE]
+
+prints per shape and T the median ms of (a) the whole forward and (b) the two GEMMs alone, each a
+CUDA-graph replay after a 256 MB L2 flush (as `megamoe bench`), and appends records (bench/records.py).
+Before timing it checks the whole forward against a torch reference on the dequantized weights.
+Humming JIT-compiles its kernels on the first call of each configuration (HUMMING_CACHE_DIR keeps them).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import records as R  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def ensure_humming():
+    """Imports humming; where it is not installed, installs the wheel carried in .whl/ into
+    /tmp/humming-site (the GPU machine has no network). Its JIT cache defaults to .whl/humming-cache."""
+    os.environ.setdefault("HUMMING_CACHE_DIR", os.path.join(REPO, ".whl", "humming-cache"))
+    try:
+        import humming
+        return humming
+    except ImportError:
+        pass
+    import glob
+    import subprocess
+
+    wheels = sorted(glob.glob(os.path.join(REPO, ".whl", "humming_kernels-*.whl")))
+    if not wheels:
+        raise ImportError("humming is not installed and no .whl/humming_kernels-*.whl is here "
+                          "(python3 -m pip download --no-deps humming-kernels==0.1.20 -d .whl)")
+    site = "/tmp/humming-site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", site, wheels[-1]], check=True)
+    sys.path.insert(0, site)
+    import humming
+    return humming
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def dequant_nvfp4(codes, scales, scale_2):
+    """ModelOpt NVFP4 -> f32: codes [N, K/2] u8 (element 2j in the low nibble), scales [N, K/16] e4m3,
+    scale_2 a scalar or [N] f32. Exact (E2M1 x E4M3 x f32 global)."""
+    lut = torch.tensor(E2M1, device=codes.device)
+    q = torch.stack([lut[(codes & 15).long()], lut[(codes >> 4).long()]], dim=-1).flatten(-2)
+    s = scales.float().repeat_interleave(16, dim=-1)
+    g = scale_2.float().reshape(-1, 1) if torch.is_tensor(scale_2) and scale_2.numel() > 1 else scale_2
+    return q * s * g
+
+
+class HummingMoE:
+    """One NVFP4 MoE experts layer on Humming. Tensors in ModelOpt's stacked form, on the GPU:
+    w13 [E, 2I, H/2] u8 (rows 0..I-1 gate, I..2I-1 up), w13_scale [E, 2I, H/16] e4m3,
+    w13_scale_2 [E, 2] f32 (gate, up), w2 [E, H, I/2] u8, w2_scale [E, H, I/16] e4m3, w2_scale_2 [E] f32."""
+
+    def __init__(self, w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2):
+        from humming.layer import HummingMethod
+        from humming.schema import BaseWeightSchema, HummingInputSchema
+
+        self.M = HummingMethod
+        self.E, two_i, half_h = w13.shape
+        self.I, self.H = two_i // 2, half_h * 2
+        layer = torch.nn.Module()
+        layer.register_buffer("locks", torch.zeros(1024, dtype=torch.int32, device="cuda"))
+        subs = {"w13": (w13, w13_scale, w13_scale_2, 2 * self.I, self.H, [self.I, self.I]),
+                "w2": (w2, w2_scale, w2_scale_2, self.H, self.I, [self.H])}
+        for name, (w, s, s2, n, k, n_stacks) in subs.items():
+            schema = BaseWeightSchema.from_config({"quant_method": "modelopt", "quant_algo": "nvfp4"})
+            hschema, tensors = schema.convert_humming(
+                tensors={"weight": w, "weight_scale": s, "weight_scale_2": s2.reshape(self.E, -1).contiguous()},
+                shape_n_stacks=n_stacks, shape_k_stacks=[k], param_dtype=torch.bfloat16, num_experts=self.E)
+            for key, t in tensors.items():
+                setattr(layer, f"{name}_{key}", torch.nn.Parameter(t, requires_grad=False))
+            HummingMethod.prepare_layer_meta(
+                layer=layer, shape_n=n, shape_k=k, pad_n_to_multiple=256, pad_k_to_multiple=128,
+                input_schema=HummingInputSchema(), weight_schema=hschema, has_bias=False,
+                num_experts=self.E, torch_dtype=torch.bfloat16, sublayer_name=name)
+            HummingMethod.transform_humming_layer(layer, sublayer_name=name)
+        self.layer = layer
+        self.compute = json.dumps({"use_batch_invariant": False, "use_f16_accum": False, "gemm_type": "indexed"})
+        self.tuning = {name: HummingMethod.get_default_tuning_configs(layer=layer, gemm_type="indexed",
+                                                                     sublayer_name=name) for name in subs}
+        self.tuning_str = {name: json.dumps(v) for name, v in self.tuning.items()}
+
+    def block_size(self, valid_m):
+        for lo, hi, cfg in self.tuning["w13"]:
+            if lo < valid_m <= hi:
+                return cfg["block_shape"][0]
+        raise ValueError(f"no Humming tuning range holds M = {valid_m}")
+
+    def align(self, ids, bs):
+        """moe_align_block_size in torch ops (graph-safe): slot ids sorted by expert in slot order, each
+        expert's run padded to bs with the sentinel T*K; the expert of each block (-1 past the end)."""
+        tk, E, dev = ids.numel(), self.E, ids.device
+        cap = tk + E * (bs - 1)
+        if tk < E:
+            cap = min(tk * bs, cap)
+        cap = (cap + bs - 1) // bs * bs
+        flat = ids.reshape(-1).long()
+        counts = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+        padded = (counts + bs - 1) // bs * bs
+        ends = torch.cumsum(padded, 0)
+        first = torch.cumsum(counts, 0) - counts
+        order = torch.sort(flat, stable=True).indices
+        e_of = flat[order]
+        dest = ends[e_of] - padded[e_of] + torch.arange(tk, device=dev) - first[e_of]
+        sorted_ids = torch.full((cap,), tk, dtype=torch.int32, device=dev)
+        sorted_ids[dest] = order.to(torch.int32)
+        starts = torch.arange(0, cap, bs, device=dev)
+        expert_ids = torch.searchsorted(ends, starts, right=True)
+        expert_ids = torch.where(starts < ends[-1], expert_ids, -1).to(torch.int32)
+        return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+
+    def gemm(self, name, inputs, out, sorted_ids, expert_ids, ntp, top_k, valid_m):
+        inputs, scale = self.M.may_quant_input(layer=self.layer, inputs=inputs, sublayer_name=name)
+        self.M.forward_layer(layer=self.layer, inputs=inputs, input_scale=scale, outputs=out, sublayer_name=name,
+                             sorted_ids=sorted_ids, expert_ids=expert_ids, num_tokens_padded=ntp, top_k=top_k,
+                             valid_shape_m=valid_m, compute_config=self.compute, tuning_config=self.tuning_str[name])
+        return out
+
+    def buffers(self, T, K):
+        return (torch.empty(T * K, 2 * self.I, dtype=torch.bfloat16, device="cuda"),
+                torch.empty(T * K, self.I, dtype=torch.bfloat16, device="cuda"),
+                torch.empty(T * K, self.H, dtype=torch.bfloat16, device="cuda"))
+
+    def forward(self, x, ids, weights, bufs=None):
+        """y [T, H] bf16 from x [T, H] bf16, ids [T, K] i32, weights [T, K] f32: align, gate/up, SiLU·mul,
+        down, weighted sum over the slots."""
+        T, K = ids.shape
+        gu, act, down = bufs or self.buffers(T, K)
+        sid, eid, ntp = self.align(ids, self.block_size(T * K))
+        self.gemm("w13", x, gu, sid, eid, ntp, K, T * K)
+        torch.mul(torch.nn.functional.silu(gu[:, :self.I]), gu[:, self.I:], out=act)
+        self.gemm("w2", act, down, sid, eid, ntp, 1, T * K)
+        return (down.view(T, K, self.H).float() * weights.unsqueeze(-1)).sum(1).to(torch.bfloat16)
+
+
+def random_layer(E, H, I, gen):
+    """Random NVFP4 weights like `megamoe bench`'s: any code byte, block scales 0x30-0x3F, globals 1/64."""
+    def codes(*shape):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
+
+    def scales(*shape):
+        return (0x30 + torch.randint(0, 16, shape, dtype=torch.uint8, device="cuda", generator=gen)).view(
+            torch.float8_e4m3fn)
+
+    g = torch.full((E, 2), 1 / 64, device="cuda")
+    return (codes(E, 2 * I, H // 2), scales(E, 2 * I, H // 16), g,
+            codes(E, H, I // 2), scales(E, H, I // 16), g[:, 0].contiguous())
+
+
+def reference(moe_tensors, x, ids, weights):
+    """y in f32 from the dequantized weights, slot by slot (for a few tokens)."""
+    w13, s13, g13, w2, s2, g2 = moe_tensors
+    T, K = ids.shape
+    I = w13.shape[1] // 2
+    y = torch.zeros(T, x.shape[1], device="cuda")
+    for t in range(T):
+        for k in range(K):
+            e = int(ids[t, k])
+            a13 = torch.cat([g13[e, 0].expand(I), g13[e, 1].expand(I)])
+            w = dequant_nvfp4(w13[e], s13[e], a13)
+            gu = w @ x[t].float()
+            a = (torch.nn.functional.silu(gu[:I]) * gu[I:]).to(torch.bfloat16).float()
+            y[t] += weights[t, k] * (dequant_nvfp4(w2[e], s2[e], g2[e]) @ a)
+    return y
+
+
+def random_routing(T, E, K, gen):
+    ids = torch.rand(T, E, device="cuda", generator=gen).topk(K, dim=1).indices.to(torch.int32)
+    w = torch.softmax(torch.randn(T, K, device="cuda", generator=gen), dim=1)
+    return ids, w
+
+
+def time_graph(fn, iters, flush):
+    """Median / min / max ms of a CUDA-graph replay of fn, after writing `flush` (> L2) before each."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        flush.fill_(i & 0xFF)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del g
+    return statistics.median(times), min(times), max(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(R.SHAPES), help="comma list of " + ", ".join(R.SHAPES))
+    ap.add_argument("--tokens", default="1,8,32,128,512,2048,8192")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", help="append records (bench/records.py) to this file")
+    ap.add_argument("--date", default=time.strftime("%Y-%m-%d", time.gmtime()))
+    a = ap.parse_args()
+    humming = ensure_humming()
+
+    gpu = torch.cuda.get_device_name()
+    ver = getattr(humming, "__version__", "?")
+    print(f"humming {ver}, torch {torch.__version__}, {gpu}", flush=True)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    out = []
+    for name in a.shapes.split(","):
+        E, K, H, I = R.SHAPES[name]
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        t0 = time.time()
+        tensors = random_layer(E, H, I, gen)
+        moe = HummingMoE(*tensors)
+        print(f"{name}: layer ready in {time.time() - t0:.1f} s", flush=True)
+        x = torch.randn(4, H, device="cuda", generator=gen).to(torch.bfloat16)
+        ids, w = random_routing(4, E, K, gen)
+        t0 = time.time()
+        y = moe.forward(x, ids, w).float()
+        ref = reference(tensors, x, ids, w)
+        err = float((y - ref).norm() / ref.norm())
+        print(f"{name}: check T=4 relative L2 vs dequantized torch {err:.2e} ({time.time() - t0:.1f} s with JIT)",
+              flush=True)
+        if not err < 2e-2:
+            raise SystemExit(f"{name}: Humming's forward disagrees with the reference ({err:.3e}): not timed")
+        shape = R.shape_str(E, K, H, I)
+        for T in [int(t) for t in a.tokens.split(",")]:
+            x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
+            ids, w = random_routing(T, E, K, gen)
+            bufs = moe.buffers(T, K)
+            t0 = time.time()
+            whole = time_graph(lambda: moe.forward(x, ids, w, bufs), a.iters, flush)
+            gu, act, down = bufs
+            sid, eid, ntp = moe.align(ids, moe.block_size(T * K))
+
+            def gemms():
+                moe.gemm("w13", x, gu, sid, eid, ntp, K, T * K)
+                moe.gemm("w2", act, down, sid, eid, ntp, 1, T * K)
+
+            only = time_graph(gemms, a.iters, flush)
+            for src, (med, lo, hi) in [("humming", whole), ("humming-gemms", only)]:
+                r = R.record(shape, "nvfp4", T, round(med, 4), activations="bf16", min_ms=round(lo, 4),
+                             max_ms=round(hi, 4), gpu=gpu, date=a.date,
+                             source=f"{src}:humming-kernels {ver}, bench/peers/humming_moe.py")
+                out.append(r)
+            print(f"humming {name} T={T}: whole {whole[0]:.4f} ms ({R.tflops_of(shape, T, whole[0]):.1f} TFLOP/s), "
+                  f"GEMMs only {only[0]:.4f} ms ({R.tflops_of(shape, T, only[0]):.1f} TFLOP/s) "
+                  f"[{time.time() - t0:.1f} s]", flush=True)
+        del moe, tensors
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "a") as f:
+            R.write_jsonl(out, f)
+
+
+if __name__ == "__main__":
+    main()
