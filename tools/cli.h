@@ -103,12 +103,12 @@ void cli_device_name(char *out, size_t n);
 
 /* `bench --json`: appends one JSON object (one line) with the keys shape, format, activations, T,
  * median_ms, min_ms, max_ms, tflops, weight_gbps, pct_copy (null when < 0), commit (the git describe of
- * the build), gpu and date (UTC, ISO 8601). Returns 1 when the write fails. */
+ * the build), gpu and date (UTC, ISO 8601); activations NULL is written as null. Returns 1 when the write fails. */
 int cli_bench_json_record(FILE *f, const char *shape, const char *format, const char *activations, int T,
                           double median_ms, double min_ms, double max_ms, double tflops, double weight_gbps,
                           double pct_copy, const char *gpu);
 
-/* The layer's activations in words: "nvfp4" or "bf16". */
+/* The layer's activations in words ("nvfp4", "bf16"), NULL for a BF16 layer (no such setting). */
 const char *cli_activations_name(const megamoe_layer_config *cfg);
 
 /* The device's copy bandwidth in GB/s (read + written bytes of a 512 MB device-to-device copy, best

@@ -9,8 +9,9 @@
 #include "megamoe_commit.h" /* MEGAMOE_COMMIT, generated at build time */
 
 const char *cli_activations_name(const megamoe_layer_config *cfg) {
-    /* The NVFP4 backends quantize activations to NVFP4 (SPEC §3); a BF16 layer keeps them in BF16. */
-    return cfg->format == MEGAMOE_FORMAT_NVFP4 ? "nvfp4" : "bf16";
+    /* The NVFP4 backends quantize activations to NVFP4 (SPEC §3); a BF16 layer has no such setting
+     * (null in the record, as bench/records.py has it). */
+    return cfg->format == MEGAMOE_FORMAT_NVFP4 ? "nvfp4" : NULL;
 }
 
 int cli_bench_json_record(FILE *f, const char *shape, const char *format, const char *activations, int T,
@@ -21,11 +22,12 @@ int cli_bench_json_record(FILE *f, const char *shape, const char *format, const 
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:s, s:s, s:s}", "shape", shape,
-                          "format", format, "activations", activations, "T", T, "median_ms", median_ms,
-                          "min_ms", min_ms, "max_ms", max_ms, "tflops", tflops, "weight_gbps", weight_gbps,
-                          "pct_copy", pct_copy >= 0 ? json_real(pct_copy) : json_null(), "commit",
-                          MEGAMOE_COMMIT, "gpu", gpu, "date", date);
+    json_t *o =
+        json_pack("{s:s, s:s, s:o, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:s, s:s, s:s}", "shape", shape,
+                  "format", format, "activations", activations ? json_string(activations) : json_null(), "T",
+                  T, "median_ms", median_ms, "min_ms", min_ms, "max_ms", max_ms, "tflops", tflops,
+                  "weight_gbps", weight_gbps, "pct_copy", pct_copy >= 0 ? json_real(pct_copy) : json_null(),
+                  "commit", MEGAMOE_COMMIT, "gpu", gpu, "date", date);
     if (!o) return 1;
     char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);

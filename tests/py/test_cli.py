@@ -321,7 +321,8 @@ def test_bench_json(tmp_path):
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["tflops"] > 0 and r["weight_gbps"] > 0
         assert r["pct_copy"] is None  # no copy bandwidth on the CPU
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["date"]) and r["commit"]
-    # Appends, so a history file grows by one record per point.
+    # Appends, so a history file grows by one record per point; a BF16 layer has no activations setting.
     mr.run_cli("bench", "--experts", 8, "--top-k", 2, "--hidden", 256, "--inter", 256, "--tokens", "4",
-               "--iters", 1, "--threads", 2, "--json", out)
-    assert len(out.read_text().splitlines()) == 3
+               "--iters", 1, "--threads", 2, "--format", "bf16", "--json", out)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[2])["activations"] is None and json.loads(lines[2])["format"] == "bf16"
