@@ -31,7 +31,7 @@ test-sanitize:
 	cmake -S . -B $(ASAN_BUILD) -DMEGAMOE_SANITIZE=ON -DMEGAMOE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug $(CMAKE_FLAGS) >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@echo "test-sanitize: not run here: test_gpu (no CUDA in a sanitizer build; compute-sanitizer covers the GPU)" \
-	  "and, labelled nosan, $$(cd $(ASAN_BUILD) && ctest -N -L nosan | sed -n 's/^ *Test *#[0-9]*: //p' | tr '\n' ' ')" \
+	  "and, labelled nosan, $$(cd $(ASAN_BUILD) && ctest -N -L nosan | sed -n 's/^ *Test *#[0-9]*: //p' | paste -sd, -)" \
 	  "(ctypes cannot load an ASan-built library into python); make test runs them"
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -LE nosan; rc=$$?; $(CURDIR)/tests/skip_reasons.sh .; exit $$rc
 
