@@ -6,7 +6,8 @@
 #   forward      an inputs file and the forward's arguments on the CPU backend (fuzz_forward.c)
 # The seeds are tests/fuzz/corpus/TARGET (tracked, small; tests/fuzz/make_seeds.py writes loader's and
 # forward's); inputs found during a run go to build-fuzz/corpus/TARGET (ignored), so a run leaves no
-# untracked file. FUZZ_JOBS=J runs J worker processes per target (libFuzzer -fork). A crash is
+# untracked file. FUZZ_RUNS=N stops a target after N executions (before N seconds when it gets there).
+# FUZZ_JOBS=J runs J worker processes per target (libFuzzer -fork). A crash is
 # written to tests/fuzz/crash-* (ignored) and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,11 +34,12 @@ done
 for t in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$t"
   log=build-fuzz/fuzz_$t.log
-  fork=()
-  [ "${FUZZ_JOBS:-1}" -gt 1 ] && fork=(-fork="$FUZZ_JOBS" -ignore_crashes=0)
+  opts=()
+  [ "${FUZZ_JOBS:-1}" -gt 1 ] && opts=(-fork="$FUZZ_JOBS" -ignore_crashes=0)
+  [ -n "${FUZZ_RUNS:-}" ] && opts+=(-runs="$FUZZ_RUNS")
   set +e
   "./build-fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=$([ "$t" = loader ] && echo 65536 || echo 8192) \
-    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "${fork[@]}" -artifact_prefix=tests/fuzz/ \
+    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "${opts[@]}" -artifact_prefix=tests/fuzz/ \
     "build-fuzz/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
   set -e
@@ -48,5 +50,6 @@ for t in "${targets[@]}"; do
     echo "fuzz: $t FAILED after ${execs:-?} executions (log $log)"
     exit 1
   fi
-  echo "fuzz: $t ${seconds}s, ${execs:-?} executions, no crash; corpus $(ls "tests/fuzz/corpus/$t" | wc -l) seeds + $(ls "build-fuzz/corpus/$t" | wc -l) found (log $log)"
+  secs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | grep -o 'in [0-9]*' | tr -d 'in ' | tail -1)
+  echo "fuzz: $t ${secs:-$seconds}s, ${execs:-?} executions, no crash; corpus $(ls "tests/fuzz/corpus/$t" | wc -l) seeds + $(ls "build-fuzz/corpus/$t" | wc -l) found (log $log)"
 done
