@@ -17,6 +17,9 @@
  * scaled by s and the global scales afterwards, as both backends do. One chain: E 16 K 8 H 256
  * I 256 T 1100 at 8.473e-4 on the recorded data, where the H200 read 8.47e-4 (2.66e-5 / 2.65e-5 at
  * seed 4).
+ * W4A16 (FORMAT=w4a16, SPEC §3b): NVFP4 weights, x unquantized, g and u scaled by the global
+ * scales, a = bf16_rn(silu(g) u), p scaled by alpha_2 -- what the GPU computes with x and a as exact
+ * f16 (times powers of two) against the decoded weights; test_gpu's NVFP4 seeds.
  *   usage: accum_emulate SEEDS {tc|f64} [E K H I T]     (defaults: 16 1 512 768 33)
  * Build from the repo root after the CPU build (cmake -B build-nocuda -DMEGAMOE_CUDA=OFF):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -Itests dev/accum_emulate.c tests/test_util.c \
@@ -113,8 +116,10 @@ int main(int argc, char **argv) {
     g_tc = strcmp(argv[2], "tc") == 0;
     if (getenv("TCP")) g_tcp = atoi(getenv("TCP"));
     if (getenv("PHASE")) g_phase = atoi(getenv("PHASE"));
+    /* nvfp4: quantized activations (SPEC §3); wfp4: NVFP4 weights (§3, or §3b with w4a16) */
     const int nvfp4 = getenv("FORMAT") && strcmp(getenv("FORMAT"), "nvfp4") == 0;
-    const megamoe_weight_format fmt = nvfp4 ? MEGAMOE_FORMAT_NVFP4 : MEGAMOE_FORMAT_BF16;
+    const int wfp4 = nvfp4 || (getenv("FORMAT") && strcmp(getenv("FORMAT"), "w4a16") == 0);
+    const megamoe_weight_format fmt = wfp4 ? MEGAMOE_FORMAT_NVFP4 : MEGAMOE_FORMAT_BF16;
     int E = 16, K = 1, H = 512, I = 768, T = 33;
     if (argc >= 8) E = atoi(argv[3]), K = atoi(argv[4]), H = atoi(argv[5]), I = atoi(argv[6]), T = atoi(argv[7]);
     double *xq = malloc(sizeof(double) * (size_t)T * H), *a = malloc(sizeof(double) * I);
@@ -128,6 +133,7 @@ int main(int argc, char **argv) {
         c.name = "emu";
         c.num_experts = E, c.top_k = K, c.hidden_size = H, c.intermediate_size = I;
         c.max_tokens = T, c.format = fmt;
+        c.activations = nvfp4 ? MEGAMOE_ACTIVATIONS_NVFP4 : MEGAMOE_ACTIVATIONS_BF16;
         tu_model m; /* test_gpu.c run_case's model and inputs */
         tu_model_random(&m, &c, 1, seed((uint64_t)(E * 131 + H + T + fmt)));
         tu_inputs in;
@@ -139,9 +145,9 @@ int main(int argc, char **argv) {
         for (int t = 0; t < T; t++) xs[t] = in.padding[t] ? 0.0f : token_x(in.x + (size_t)t * H, H, nvfp4, xq + (size_t)t * H);
         /* Each routed slot's p (after the norm), expert by expert (one expert's weights decoded at a time). */
         for (int e = 0; e < E; e++) {
-            decode_expert(&m, nvfp4, e, H, I, w13, w2);
-            const float ag = nvfp4 ? m.w13_s2[2 * e] : 1.0f, au = nvfp4 ? m.w13_s2[2 * e + 1] : 1.0f;
-            const float a2 = nvfp4 ? m.w2_in[e] : 1.0f, al2 = nvfp4 ? m.w2_s2[e] : 1.0f;
+            decode_expert(&m, wfp4, e, H, I, w13, w2);
+            const float ag = wfp4 ? m.w13_s2[2 * e] : 1.0f, au = wfp4 ? m.w13_s2[2 * e + 1] : 1.0f;
+            const float a2 = nvfp4 ? m.w2_in[e] : 1.0f, al2 = wfp4 ? m.w2_s2[e] : 1.0f;
             for (int t = 0; t < T; t++)
                 for (int k = 0; k < K; k++) {
                     if (in.ids[t * K + k] != e || xs[t] == 0.0f) continue;
@@ -151,9 +157,10 @@ int main(int argc, char **argv) {
                         if (g_tc) { /* the backends' f32 arithmetic */
                             float gf = (float)gv, uf = (float)uv;
                             if (nvfp4) gf = mm_mul(mm_mul(gf, xs[t]), ag), uf = mm_mul(mm_mul(uf, xs[t]), au);
+                            else if (wfp4) gf = mm_mul(gf, ag), uf = mm_mul(uf, au);
                             a[n] = gf / (1.0f + expf(-gf)) * uf;
                         } else {
-                            if (nvfp4) gv *= (double)xs[t] * ag, uv *= (double)xs[t] * au;
+                            if (wfp4) gv *= (double)xs[t] * ag, uv *= (double)xs[t] * au;
                             a[n] = gv / (1 + exp(-gv)) * uv;
                         }
                     }
@@ -172,6 +179,7 @@ int main(int argc, char **argv) {
                     for (int h = 0; h < H; h++) {
                         double v = dot(a, w2 + (size_t)h * I, I, 2);
                         if (nvfp4) v = g_tc ? mm_mul(mm_mul((float)v, a2), al2) : v * a2 * al2;
+                        else if (wfp4) v = g_tc ? mm_mul((float)v, al2) : v * al2;
                         pr[h] = v, ss += v * v;
                     }
                     const double rms = 1 / sqrt(ss / H + c.norm_eps);

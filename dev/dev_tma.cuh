@@ -1,13 +1,14 @@
 /*
  * dev_tma.cuh -- what the TMA / warpgroup-MMA experiments of dev/ share: the SS wgmma m64n256 and a
- * tensor map that exits on failure; the 2D tensor maps and bulk tensor copy (sm90_async.cuh), the
- * descriptors and wgmma fences (sm90_gemm_common.cuh) are the library's. Not part of the library.
+ * tensor map that exits on failure; the 2D tensor maps and bulk tensor copy (ptx/mbarrier.cuh, ptx/bulk_copy.cuh), the
+ * descriptors and wgmma fences (gemm/fragments.cuh) are the library's. Not part of the library.
  */
 #ifndef MEGAMOE_DEV_TMA_CUH
 #define MEGAMOE_DEV_TMA_CUH
 
 #include "dev_util.cuh"
-#include "sm90_gemm_common.cuh" /* desc_sw128, wgmma_fence / commit / wait (build with -Iinclude -Isrc -Isrc/cuda) */
+#include "gemm/fragments.cuh" /* with ptx/wgmma.cuh: */
+#include "ptx/wgmma.cuh" /* desc_sw128, wgmma_fence / commit / wait (build with -Iinclude -Isrc -Isrc/cuda) */
 
 /* d[128] (+)= A (64 x 16, shared memory, desc da) . B (256 x 16, shared memory, desc db)^T, both
  * K-major bf16, f32 accumulators (the m64n256 accumulator layout: thread t of the warpgroup holds rows
@@ -20,7 +21,7 @@ __device__ __forceinline__ void wgmma_256(float *d, uint64_t da, uint64_t db, in
           MM_ACC64(d), MM_ACC32(d, 64), MM_ACC32(d, 96)
                  : "l"(da), "l"(db), "r"(accumulate));
 }
-/* The library's tensor map (mm_tile_map_16bit, sm90_async.cuh), exiting on failure. */
+/* The library's tensor map (mm_tile_map_16bit, ptx/mbarrier.cuh, ptx/bulk_copy.cuh), exiting on failure. */
 static CUtensorMap tile_map_16bit(void *base, uint64_t rows, uint64_t K, uint32_t box_rows, CUtensorMapDataType type) {
     CUtensorMap m;
     const CUresult r = mm_tile_map_16bit(&m, base, rows, K, box_rows, type);

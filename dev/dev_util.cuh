@@ -1,6 +1,6 @@
 /*
  * dev_util.cuh -- what the experiments of dev/ share: checked CUDA calls, the library's mbarrier and
- * bulk-copy (TMA 1D) primitives (src/cuda/sm90_async.cuh), and exact host decoders of E2M1 and E4M3
+ * bulk-copy (TMA 1D) primitives (src/cuda/ptx/mbarrier.cuh, ptx/bulk_copy.cuh), and exact host decoders of E2M1 and E4M3
  * for double references.
  * Not part of the library.
  */
@@ -18,7 +18,7 @@
 #include <cmath>
 #include <vector>
 
-#include "sm90_async.cuh" /* the library's mbarrier and bulk-copy primitives (build with -Isrc/cuda) */
+#include "ptx/bulk_copy.cuh" /* the library's mbarrier and bulk-copy primitives (build with -Isrc/cuda) */
 
 #define CK(x)                                                                                      \
     do {                                                                                           \

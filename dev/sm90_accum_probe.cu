@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "dev_util.cuh"
-#include "sm90_gemm_common.cuh" /* smem_desc, MM_ACC32, wgmma_fence / commit / wait (-Iinclude -Isrc -Isrc/cuda) */
+#include "gemm/fragments.cuh" /* with ptx/wgmma.cuh: */
+#include "ptx/wgmma.cuh" /* smem_desc, MM_ACC32, wgmma_fence / commit / wait (-Iinclude -Isrc -Isrc/cuda) */
 
 constexpr int M = 64, N = 64;
 

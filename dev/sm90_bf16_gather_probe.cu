@@ -29,7 +29,7 @@
 
 #define BM 128 /* tokens per block: two consumer warpgroups of 64 */
 #define BN 256 /* weight rows per block */
-static_assert(BK == 64, "K step: the library's BK (sm90_gemm_common.cuh)");
+static_assert(BK == 64, "K step: the library's BK (gemm/fragments.cuh)");
 #define STAGES 4
 #define LAG 2
 #define A_BYTES (BM * BK * 2) /* 16 KB */

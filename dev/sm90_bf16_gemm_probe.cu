@@ -25,7 +25,7 @@
 
 #define BM 128
 #define BN 256
-static_assert(BK == 64, "K step: the library's BK (sm90_gemm_common.cuh)");
+static_assert(BK == 64, "K step: the library's BK (gemm/fragments.cuh)");
 #define STAGES 4
 #define A_BYTES (BM * BK * 2) /* 16 KB */
 #define B_BYTES (BN * BK * 2) /* 32 KB */

@@ -2,7 +2,7 @@
  * sm90_decode_gemm.cu -- an experiment, not part of the library: the decode-regime expert GEMM
  * rebuilt around a block-wide bulk-copy pipeline, to run right after dev/sm90_stream_probe.cu.
  *
- * Today's decode kernel (src/cuda/sm90_expert_gemm.cu) streams weights at ~2.0 TB/s of 4.3: every
+ * Today's decode kernel (src/cuda/sm90_expert_mma.cu) streams weights at ~2.0 TB/s of 4.3: every
  * warp copies its own 16-byte pieces (cp.async), a block runs one (expert, 128-row slab, K split)
  * and ramps its pipeline up and down each time, and the activations come through registers and a
  * block barrier. Here instead:
@@ -12,7 +12,7 @@
  *     weight_layout.h) and the tokens' 128 B of activations (biased f16) per token; the ring runs on
  *     across items, so it never drains;
  *   - 4 consumer warps (2 groups of 16 rows each, as today) wait on the slot's mbarrier, decode with
- *     the library's own decode (sm90_gemm_common.cuh), mma.sync m16n8k16 for up to 8 tokens, release the slot by arriving on
+ *     the library's own decode (gemm/fragments.cuh), mma.sync m16n8k16 for up to 8 tokens, release the slot by arriving on
  *     its empty mbarrier; no block barrier anywhere;
  *   - partial sums of a K split go to the output with atomicAdd (fine for a probe: it measures speed;
  *     the library would keep its ordered split-K reduction).
@@ -26,7 +26,8 @@
 
 #include "../src/weight_layout.c"
 #include "dev_util.cuh"
-#include "sm90_gemm_common.cuh" /* the library's fragment decode */
+#include "gemm/fragments.cuh" /* with ptx/wgmma.cuh: */
+#include "ptx/wgmma.cuh" /* the library's fragment decode */
 
 
 constexpr int MAXTOK = 8;                     /* tokens per expert: one n-tile */

@@ -3,7 +3,7 @@
  * T = 8192; the library's wgmma kernel reaches 292 over the whole DSv3 forward with 2 blocks of 8
  * warps per SM at 128 registers, where ptxas serializes each warpgroup's wgmma with its next step,
  * C7511, and every K step ends in a block barrier). The same RS design (weights decoded from the
- * kernel layout into registers, `decode_a` of sm90_gemm_common.cuh, fed to wgmma as the A operand),
+ * kernel layout into registers, `decode_a` of gemm/fragments.cuh, fed to wgmma as the A operand),
  * warp-specialized the way the BF16 probe is:
  *   - a producer warpgroup (setmaxnreg 40): per K step one 2D TMA of the 128-token tile (f16,
  *     128-byte swizzle) and two bulk copies per weight slab (4 KB of codes, 512 B of scales: each
@@ -24,7 +24,8 @@
 
 #include "../src/weight_layout.c"
 #include "dev_tma.cuh"
-#include "sm90_gemm_common.cuh" /* a_raw, decode_a: the library's fragment decode */
+#include "gemm/fragments.cuh" /* with ptx/wgmma.cuh: */
+#include "ptx/wgmma.cuh" /* a_raw, decode_a: the library's fragment decode */
 
 #define ROWS_B 256 /* weight rows per block: two slabs, one per consumer warpgroup */
 #define TOK_B 128  /* tokens per block: the wgmma N */

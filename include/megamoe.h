@@ -156,6 +156,23 @@ typedef enum megamoe_weight_format {
     MEGAMOE_FORMAT_BF16 = 1
 } megamoe_weight_format;
 
+/* What an NVFP4 layer does with its activations (SPEC §3b). Values are pinned; BF16 is 0 so that a
+ * zeroed config gets the default. A BF16-weight layer accepts only MEGAMOE_ACTIVATIONS_BF16. */
+typedef enum megamoe_activations {
+    MEGAMOE_ACTIVATIONS_BF16 = 0, /* never quantized: NVFP4 weights x BF16 activations (W4A16)     */
+    MEGAMOE_ACTIVATIONS_NVFP4 = 1 /* quantized to NVFP4 per token (and the down input with a2): §3 */
+} megamoe_activations;
+
+/* Which kernel runs the expert GEMMs of the device backends (megamoe_layer_config.gemm_kernel). */
+typedef enum megamoe_gemm_kernel {
+    MEGAMOE_GEMM_AUTO = 0,   /* chosen per forward from the token count and the shape (default) */
+    MEGAMOE_GEMM_MMA = 1,    /* mma.sync, split-K for few tokens                                */
+    MEGAMOE_GEMM_WGMMA = 2,  /* wgmma, A from registers                                         */
+    MEGAMOE_GEMM_STREAM = 3, /* the streaming kernel (NVFP4; BF16 layers get mma.sync)          */
+    MEGAMOE_GEMM_WS = 4,     /* the warp-specialized kernel, 128-token blocks                   */
+    MEGAMOE_GEMM_WS64 = 5    /* the warp-specialized kernel, 64-token blocks                    */
+} megamoe_gemm_kernel;
+
 typedef struct megamoe_layer_config {
     const char *name;      /* layer name used in messages, e.g. "model.layers.3.mlp"; copied */
     int num_experts;       /* E, global; E % R == 0                                      */
@@ -164,16 +181,16 @@ typedef struct megamoe_layer_config {
     int intermediate_size; /* I, per expert, multiple of 256                             */
     int max_tokens;        /* T_max, tokens per rank per forward, >= 1                    */
     megamoe_weight_format format;
+    megamoe_activations activations; /* NVFP4 layers: BF16 (default, SPEC §3b) or NVFP4 (§3);
+                                        BF16 layers: BF16 only                                  */
     float norm_eps;         /* post-expert RMSNorm epsilon, > 0 (default 1e-6)             */
     int norm_zero_centered; /* gamma = weight + norm_gain_center (folded at finalize)      */
     float norm_gain_center; /* default 1.0                                                */
     float activation_clamp; /* C > 0 clamps gate and up before SwiGLU; 0 = off (default)    */
     int timeout_ms;         /* bound on every wait for another rank (default 10000)        */
-    int gemm_kernel;        /* device backends' expert GEMMs: 0 = chosen per forward from the
-                               token count (default), 1 = mma.sync, 2 = wgmma, 3 = the
-                               streaming kernel (NVFP4; BF16 layers get mma.sync), 4 = the
-                               warp-specialized kernel, 5 = the same on 64-token blocks;
-                               tests and benchmarks only: every rank must pass the same value */
+    megamoe_gemm_kernel gemm_kernel; /* device backends' expert GEMMs: MEGAMOE_GEMM_AUTO (default)
+                                        or a forced kernel, for tests and benchmarks only: every
+                                        rank must pass the same value */
 } megamoe_layer_config;
 
 typedef struct megamoe_layer megamoe_layer;

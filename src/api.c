@@ -252,7 +252,7 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         l->splitk_ws = off;
         off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4, A);
         l->splitk_counters = off;
-        off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * MM_SPLITK_COUNTER_STRIDE * 4, A);
+        off = align_up(off + (uint64_t)MM_SPLITK_ENTRIES * 4, A);
         l->barrier = off;
         off = align_up(off + (R + 1) * 8, A);
     }
@@ -263,9 +263,8 @@ static int is_device(const megamoe_group *g) { return g->config.backend != MEGAM
 /* Device ranks copy each routed token row once into a slot-ordered region (DECISIONS 51): ranks on
  * several GPUs on every forward (each remote row crosses NVLink once), a process driving one rank
  * when the warp-specialized kernels run (their token tile is then one TMA box). One process driving
- * several ranks (tests) does not (MM_GATHER = 1 makes it, to test that path). */
+ * several ranks (tests) does not. */
 static int gathers(const megamoe_group *g) {
-    if (MM_GATHER >= 0) return MM_GATHER && is_device(g);
     return is_device(g) && (g->local_ranks == 1 || g->config.backend == MEGAMOE_BACKEND_NCCL);
 }
 

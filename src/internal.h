@@ -66,34 +66,18 @@ typedef struct mm_buffer_layout {
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
 /* The routing of many slots (sm90_route.cu) counts and places them by chunks of MM_ROUTE_CHUNK slots
  * of one home rank (a block each), for ranks of at most MM_ROUTE_CHUNK_EXPERTS experts (a block holds
- * a count per expert and warp in shared memory: 8 x 4 KB). MM_ROUTE_CHUNK: a multiple of 256,
- * overridable for experiments (bench/build_variants.sh); 512 against 2048 gives Qwen3-like T = 256 /
- * 512 (2048 / 4096 slots) four times the blocks to count and fill, -2.2 / -1.8% per forward (H200,
- * session 14 call 3; T = 8192 -0.3%, the other shapes -0.5 to +0.1%). */
-#ifndef MM_ROUTE_CHUNK
+ * a count per expert and warp in shared memory: 8 x 4 KB). MM_ROUTE_CHUNK is a multiple of 256; 512
+ * gives mid-size forwards more blocks to count and fill than 2048 (docs/DECISIONS.md). */
 #define MM_ROUTE_CHUNK 512
-#endif
 #define MM_ROUTE_CHUNK_EXPERTS 1024
 #define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
-#ifndef MM_SPLITK_COUNTER_STRIDE
-#define MM_SPLITK_COUNTER_STRIDE 1 /* ints from one split-K counter to the next (experiment: 32 puts
-                                    * each in its own 128-byte line, DECISIONS 62's tail) */
-#endif
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 
-/* Test and experiment knob: which device groups hold the gathered gate/up input (L.xg): -1 (default)
- * those of one rank per process (NCCL, or one GPU with R = 1), 1 all (one process driving several
- * ranks too), 0 none. */
-#ifndef MM_GATHER
-#define MM_GATHER -1
-#endif
 /* The gathered copy holds MM_GATHER_CAP times a rank's balanced share of slots (T_max * K) at most,
  * not the R times of every slot on one rank: a forward whose rank received more reads its rows in
  * place (the same y). EP8 DSv3 T_max 8192: 1.9 GB per rank instead of 7.5. */
-#ifndef MM_GATHER_CAP
 #define MM_GATHER_CAP 2
-#endif
 
 /* The byte layout of one rank's buffer. `device` adds the routing and activation regions a device
  * backend needs (they depend on R, E_r and I too); `gather` adds the slot-ordered copy of the gate/up
@@ -165,6 +149,12 @@ struct megamoe_layer {
     void *device; /* the CUDA backend's weights, NULL on the CPU */
     char error[MM_ERR_LEN];
 };
+
+/* Whether the layer quantizes its activations to NVFP4 (SPEC §3): NVFP4 weights with
+ * activations=NVFP4. BF16 layers and NVFP4 layers in W4A16 mode (§3b) keep them bf16. */
+static inline int mm_layer_quantizes_activations(const megamoe_layer *l) {
+    return l->config.format == MEGAMOE_FORMAT_NVFP4 && l->config.activations == MEGAMOE_ACTIVATIONS_NVFP4;
+}
 
 /* Sets the layer's message, prefixed with the layer name; returns status. */
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)

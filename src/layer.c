@@ -25,6 +25,7 @@ void megamoe_layer_config_init(megamoe_layer_config *config) {
     memset(config, 0, sizeof *config);
     config->name = "moe";
     config->format = MEGAMOE_FORMAT_NVFP4;
+    config->activations = MEGAMOE_ACTIVATIONS_BF16;
     config->norm_eps = 1e-6f;
     config->norm_gain_center = 1.0f;
     config->timeout_ms = 10000;
@@ -66,6 +67,15 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
         mm_set_error(msg, "format %d is neither NVFP4 (0) nor BF16 (1)", (int)c->format);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
+    if (c->activations != MEGAMOE_ACTIVATIONS_BF16 && c->activations != MEGAMOE_ACTIVATIONS_NVFP4) {
+        mm_set_error(msg, "activations %d is neither BF16 (0) nor NVFP4 (1)", (int)c->activations);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (c->format == MEGAMOE_FORMAT_BF16 && c->activations != MEGAMOE_ACTIVATIONS_BF16) {
+        mm_set_error(msg, "activations=NVFP4 needs NVFP4 weights: a BF16-weight layer accepts only BF16 "
+                          "activations (SPEC §3b)");
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
     megamoe_status st = mm_check_layer_shape(c->num_experts, c->hidden_size, c->intermediate_size, msg);
     if (st) return st;
     if (c->num_experts % R != 0) {
@@ -99,9 +109,9 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
     }
     st = mm_check_activation_clamp(c->activation_clamp, msg);
     if (st) return st;
-    if (c->gemm_kernel < 0 || c->gemm_kernel > 5) {
+    if ((int)c->gemm_kernel < MEGAMOE_GEMM_AUTO || (int)c->gemm_kernel > MEGAMOE_GEMM_WS64) {
         mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming), 4 (warp-specialized) or 5 (warp-specialized, 64-token blocks)",
-                     c->gemm_kernel);
+                     (int)c->gemm_kernel);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->timeout_ms < 1) {
@@ -195,6 +205,12 @@ megamoe_status megamoe_layer_create(megamoe_group *group, const megamoe_layer_co
     char msg[MM_ERR_LEN];
     megamoe_status st = check_config(group, config, msg);
     if (st != MEGAMOE_OK) return mm_layer_fail(l, st, "%s", msg);
+    if (group->config.backend != MEGAMOE_BACKEND_CPU && config->format == MEGAMOE_FORMAT_NVFP4 &&
+        config->activations == MEGAMOE_ACTIVATIONS_BF16)
+        return mm_layer_fail(
+            l, MEGAMOE_ERR_UNSUPPORTED,
+            "NVFP4 weights with BF16 activations (activations=BF16, SPEC §3b) run on the CPU "
+            "backend only in this build; device backends take activations=NVFP4");
     l->experts_per_rank = config->num_experts / group->world_size;
     l->ranks = calloc((size_t)group->local_ranks, sizeof *l->ranks);
     if (!l->ranks) return mm_layer_fail(l, MEGAMOE_ERR_OUT_OF_MEMORY, "out of host memory");

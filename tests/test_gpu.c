@@ -73,6 +73,8 @@ static void dev_free(dev_inputs *d) {
 /* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws|ws64 forces one (the suite
  * runs once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
 static int g_gemm_kernel;
+/* The activations of every NVFP4 layer, CPU reference and device alike (SPEC §3b). */
+static megamoe_activations g_activations = MEGAMOE_ACTIVATIONS_NVFP4;
 
 static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamoe_group **g,
                        megamoe_layer **l) {
@@ -87,6 +89,7 @@ static void make_layer(const tu_model *m, megamoe_backend backend, int R, megamo
     if (st) fail_msg("group: %s", megamoe_group_last_error(*g));
     megamoe_layer_config cfg = m->cfg;
     cfg.gemm_kernel = g_gemm_kernel;
+    if (cfg.format == MEGAMOE_FORMAT_NVFP4) cfg.activations = g_activations;
     st = megamoe_layer_create(*g, &cfg, l);
     if (st == MEGAMOE_OK) st = tu_model_load(m, *l);
     if (st == MEGAMOE_OK) st = megamoe_layer_finalize(*l);
@@ -461,7 +464,7 @@ static cudaError_t wait_stream(cudaStream_t s, int ms) {
 }
 
 /* Whether a forward of `slots` slots of layer c takes a warp-specialized kernel (gemm_rank 2 or 3) in
- * either phase, as the launcher plans it (sm90_expert_gemm.cu). */
+ * either phase, as the launcher plans it (dispatch.cu). */
 static int takes_ws(const megamoe_layer_config *c, long slots, int nvfp4) {
     const int E = c->num_experts, H = c->hidden_size, I = c->intermediate_size, mk = H < I ? H : I;
     const int k1 =

@@ -67,6 +67,16 @@ static void test_size_rules(void **state) {
     c = small_config(MEGAMOE_FORMAT_NVFP4);
     c.timeout_ms = 0;
     expect_create_error(1, c, "timeout_ms=0", ">= 1");
+    /* SPEC §3b: a BF16-weight layer takes BF16 activations only; the setting has two values. */
+    c = small_config(MEGAMOE_FORMAT_BF16);
+    c.activations = MEGAMOE_ACTIVATIONS_NVFP4;
+    expect_create_error(1, c, "activations=NVFP4", "BF16-weight layer accepts only BF16");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.activations = (megamoe_activations)2;
+    expect_create_error(1, c, "activations 2", "BF16 (0) nor NVFP4 (1)");
+    megamoe_layer_config d;
+    megamoe_layer_config_init(&d);
+    assert_int_equal(d.activations, MEGAMOE_ACTIVATIONS_BF16); /* the default */
     /* R outside 1..72 is refused by the group. */
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
@@ -251,9 +261,12 @@ static void check_edge_rows(const tu_inputs *in, const uint16_t *y) {
     /* Token 7 is all zeros: every expert maps 0 to 0 (no bias), so its row is zero too. */
 }
 
-static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp) {
+/* y bitwise equal for R = 1, 2, 4; returns y of R = 1 (the caller frees it). */
+static uint16_t *run_r_invariance_act(megamoe_weight_format f, megamoe_activations act, int with_norm,
+                                      float clamp) {
     megamoe_layer_config c = small_config(f);
     c.activation_clamp = clamp;
+    c.activations = act;
     tu_model m;
     tu_model_random(&m, &c, with_norm, 21 + f);
     const int T = 37; /* not a multiple of any R */
@@ -274,15 +287,38 @@ static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp
     }
     assert_memory_equal(y[0], y[1], (size_t)T * c.hidden_size * 2);
     assert_memory_equal(y[0], y[2], (size_t)T * c.hidden_size * 2);
-    for (int i = 0; i < 3; i++)
+    for (int i = 1; i < 3; i++)
         free(y[i]);
     tu_inputs_free(&in);
     tu_model_free(&m);
+    return y[0];
+}
+
+static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp) {
+    free(run_r_invariance_act(f, MEGAMOE_ACTIVATIONS_BF16, with_norm, clamp));
+    if (f == MEGAMOE_FORMAT_NVFP4) free(run_r_invariance_act(f, MEGAMOE_ACTIVATIONS_NVFP4, with_norm, clamp));
 }
 
 static void test_r_invariance_nvfp4(void **state) {
     (void)state;
     run_r_invariance(MEGAMOE_FORMAT_NVFP4, 1, 0.0f);
+}
+
+/* The two activation modes of an NVFP4 layer compute different things (SPEC §3 vs §3b): y differs
+ * in most live elements, and each mode is R-invariant on its own (above). */
+static void test_activation_modes_differ(void **state) {
+    (void)state;
+    uint16_t *yb = run_r_invariance_act(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_BF16, 1, 0.0f);
+    uint16_t *yn = run_r_invariance_act(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, 1, 0.0f);
+    const size_t n = (size_t)37 * 256;
+    size_t differ = 0, live = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (yb[i] == 0 || (yb[i] & 0x7FFF) > 0x7F80) continue; /* zero and NaN edge-case rows */
+        live++;
+        differ += yb[i] != yn[i];
+    }
+    if (!(live > n / 2 && differ > live / 2)) fail_msg("%zu of %zu live elements differ", differ, live);
+    free(yb), free(yn);
 }
 static void test_r_invariance_bf16(void **state) {
     (void)state;
@@ -471,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_rejects_nvfp4_names),
         cmocka_unit_test(test_finalize_and_forward_order),
         cmocka_unit_test(test_r_invariance_nvfp4),
+        cmocka_unit_test(test_activation_modes_differ),
         cmocka_unit_test(test_r_invariance_bf16),
         cmocka_unit_test(test_r_invariance_clamp_no_norm),
         cmocka_unit_test(test_token_counts_and_bad_ids),

@@ -224,14 +224,16 @@ int cli_bench_gpus(int gpus, const megamoe_layer_config *cfg, cli_bench_loader l
         }
         const double sec = worst * 1e-3, slots = (double)Ts[ti] * K * gpus;
         /* What crosses NVLink at the least: each remote slot's activation row once (NVFP4 codes and
-         * scales, or bf16) and its fp32 expert output p once. */
-        const double xbytes = nvfp4 ? H * (0.5 + 1.0 / 16) : H * 2.0;
+         * scales with NVFP4 activations, else bf16) and its fp32 expert output p once. */
+        const int qx = nvfp4 && cfg->activations == MEGAMOE_ACTIVATIONS_NVFP4;
+        const double xbytes = qx ? H * (0.5 + 1.0 / 16) : H * 2.0;
+        const char *what = !nvfp4 ? "bf16" : qx ? "nvfp4 act=nvfp4" : "nvfp4 act=bf16";
         const double link = slots * remote * (xbytes + 4.0 * H);
         const double expert_bytes = nvfp4 ? 3.0 * H * I * (0.5 + 1.0 / 16) : 3.0 * H * I * 2;
         printf("bench: EP=%d E=%d K=%d H=%d I=%d T/rank=%d %s backend=nccl: %.4f ms per layer (slowest rank's "
                "median over %d), %.1f TFLOP/s, %.0f GB/s of touched expert weights (%d experts, all GPUs), "
                "%.0f%% of slots remote, exchange %.1f GB/s (%.1f MB)\n",
-               gpus, cfg->num_experts, K, H, I, Ts[ti], nvfp4 ? "nvfp4" : "bf16", worst, iters,
+               gpus, cfg->num_experts, K, H, I, Ts[ti], what, worst, iters,
                6.0 * H * I * slots / sec / 1e12, expert_bytes * touched / sec / 1e9, touched, remote * 100,
                link / sec / 1e9, link / 1e6);
         fflush(stdout);

@@ -9,9 +9,10 @@
 #include "megamoe_commit.h" /* MEGAMOE_COMMIT, generated at build time */
 
 const char *cli_activations_name(const megamoe_layer_config *cfg) {
-    /* The NVFP4 backends quantize activations to NVFP4 (SPEC §3); a BF16 layer has no such setting
-     * (null in the record, as bench/records.py has it). */
-    return cfg->format == MEGAMOE_FORMAT_NVFP4 ? "nvfp4" : NULL;
+    /* An NVFP4 layer's activation mode (SPEC §3b); a BF16 layer has no such setting (null in the
+     * record, as bench/records.py has it). */
+    if (cfg->format != MEGAMOE_FORMAT_NVFP4) return NULL;
+    return cfg->activations == MEGAMOE_ACTIVATIONS_NVFP4 ? "nvfp4" : "bf16";
 }
 
 int cli_bench_json_record(FILE *f, const char *shape, const char *format, const char *activations, int T,

@@ -13,7 +13,7 @@ static const char k_bench_help[] =
     "usage: megamoe bench [--experts E] [--top-k K] [--hidden H] [--inter I] [--tokens T[,T...]]\n"
     "                     [--format nvfp4|bf16] [--ranks R] [--backend cpu|cuda] [--threads N]\n"
     "                     [--iters N] [--seed S] [--gpus N] [--gemm auto|mma|wgmma|stream|ws|ws64]\n"
-    "                     [--peak-tflops P] [--json FILE]\n"
+    "                     [--peak-tflops P] [--activations bf16|nvfp4] [--json FILE]\n"
     "\n"
     "Times the forward of a layer with random weights and random routing (defaults: the demo's\n"
     "shape, E=32 K=4 H=1024 I=512, T=256, NVFP4). Several token counts reuse one layer. Prints per\n"
@@ -31,6 +31,8 @@ static const char k_bench_help[] =
     "             warp-specialized warpgroup-MMA kernel for many tokens per expert) or ws64 (the same\n"
     "             on 64-token blocks; auto takes it for BF16 from 4 tokens per expert, and for NVFP4\n"
     "             above 16 per expert when H and I are both 4096 or more).\n"
+    "  --activations A  an NVFP4 layer's activations: bf16 (default; W4A16, unquantized) or nvfp4\n"
+    "             (quantized per token, SPEC §3b); a BF16 layer takes bf16 only.\n"
     "  --json FILE  append one JSON object per T to FILE (JSON Lines), with the keys shape, format,\n"
     "             activations, T, median_ms, min_ms, max_ms, tflops, weight_gbps, pct_copy (null\n"
     "             without a measured copy bandwidth), commit, gpu (\"cpu\" on the CPU) and date (UTC).\n"
@@ -125,12 +127,14 @@ int cmd_bench(int argc, char **argv) {
                                          {"gemm", required_argument, 0, 'g'},
                                          {"peak-tflops", required_argument, 0, 'P'},
                                          {"json", required_argument, 0, 'J'},
+                                         {"activations", required_argument, 0, 'a'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int E = 32, K = 4, H = 1024, I = 512, R = 1, threads = 0, iters = 5, c, nT = 1, gpus = 0, gemm = 0;
     int Ts[32] = {256};
     uint64_t seed = 1;
     const char *json_path = NULL;
+    int activations = -1;
     float peak_tflops = 795.0f;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
@@ -167,6 +171,7 @@ int cmd_bench(int argc, char **argv) {
         case 's': ok = cli_parse_u64(optarg, &seed); break;
         case 'P': ok = cli_parse_float(optarg, &peak_tflops) && peak_tflops > 0; break;
         case 'J': json_path = optarg; break;
+        case 'a': ok = cli_parse_activations(optarg, &activations); break;
         case 'f':
             if (strcmp(optarg, "nvfp4") == 0)
                 fmt = MEGAMOE_FORMAT_NVFP4;
@@ -196,6 +201,7 @@ int cmd_bench(int argc, char **argv) {
     megamoe_layer_config_init(&cfg);
     cfg.name = "bench";
     cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
+    cli_set_activations(&cfg, activations, gpus > 0 || backend != MEGAMOE_BACKEND_CPU);
     cfg.gemm_kernel = gemm;
     cfg.max_tokens = R > 0 ? (T_max + R - 1) / R : 1;
     if (gpus > 0) {
@@ -261,10 +267,11 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(frac, sizeof frac, " [%.0f%% of copy, %.1f%% of bf16 peak]", 100.0 * gbps / copy_gbps,
                          100.0 * tflops / peak_tflops);
             /* Three significant digits below 1 TFLOP/s (a CPU's rate), one decimal above. */
-            printf("bench: E=%d K=%d H=%d I=%d T=%d %s R=%d backend=%s: median %.4f ms over %d, %.*f TFLOP/s, "
+            printf("bench: E=%d K=%d H=%d I=%d T=%d %s%s R=%d backend=%s: median %.4f ms over %d, %.*f TFLOP/s, "
                    "%.1f GB/s of touched expert weights (%d experts)%s\n",
-                   E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16", R, backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu",
-                   med * 1e3, iters, tflops >= 1 || tflops == 0 ? 1 : 2 - (int)floor(log10(tflops)), tflops, gbps,
+                   E, K, H, I, T, nvfp4 ? "nvfp4" : "bf16",
+                   nvfp4 ? (cfg.activations == MEGAMOE_ACTIVATIONS_NVFP4 ? " act=nvfp4" : " act=bf16") : "", R,
+                   backend == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", med * 1e3, iters, tflops >= 1 || tflops == 0 ? 1 : 2 - (int)floor(log10(tflops)), tflops, gbps,
                    touched, frac);
             fflush(stdout);
             if (json) {

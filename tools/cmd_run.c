@@ -29,6 +29,10 @@ static const char k_run_help[] =
     "  --norm-zero-centered  the norm weight is stored zero-centered: gamma = weight + center\n"
     "  --norm-gain-center C  that center (default 1.0)\n"
     "  --clamp C             clamp gate and up to C before SwiGLU (default off)\n"
+    "  --activations bf16|nvfp4\n"
+    "                        an NVFP4 layer's activations: bf16 (default; W4A16) keeps them\n"
+    "                        unquantized, nvfp4 quantizes them per token (SPEC §3b); a BF16\n"
+    "                        layer takes bf16 only\n"
     "\n"
     "E, H, I and the weight format come from the checkpoint, K from topk_ids. A token whose\n"
     "hidden state holds NaN or Inf gets a NaN row; a token with no valid slot a zero row.\n";
@@ -96,10 +100,11 @@ int cmd_run(int argc, char **argv) {
                                          {"norm-zero-centered", no_argument, 0, 'z'},
                                          {"norm-gain-center", required_argument, 0, 'g'},
                                          {"clamp", required_argument, 0, 'C'},
+                                         {"activations", required_argument, 0, 'a'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *ckpt = NULL, *prefix = "", *in_path = NULL, *out_path = NULL;
-    int ranks = 1, threads = 0, max_tokens = 0, gpus = 0;
+    int ranks = 1, threads = 0, max_tokens = 0, gpus = 0, activations = -1;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
     megamoe_layer_config cfg;
     megamoe_layer_config_init(&cfg);
@@ -119,6 +124,7 @@ int cmd_run(int argc, char **argv) {
         case 'z': cfg.norm_zero_centered = 1; break;
         case 'g': ok = cli_parse_float(optarg, &cfg.norm_gain_center); break;
         case 'C': ok = cli_parse_float(optarg, &cfg.activation_clamp); break;
+        case 'a': ok = cli_parse_activations(optarg, &activations); break;
         case 'b': ok = cli_parse_backend(optarg, 0, &backend); break;
         case 'h': fputs(k_run_help, stdout); return 0;
         default: fputs(k_run_help, stderr); return 2;
@@ -175,6 +181,7 @@ int cmd_run(int argc, char **argv) {
     cfg.hidden_size = info.hidden_size;
     cfg.intermediate_size = info.intermediate_size;
     cfg.format = info.format;
+    cli_set_activations(&cfg, activations, gpus > 0 || backend != MEGAMOE_BACKEND_CPU);
     cfg.max_tokens = max_tokens > 0 ? max_tokens : (chunk > 0 ? chunk : 1);
     x = aligned_copy(&in.x);
     ids = aligned_copy(&in.ids);

@@ -3,7 +3,8 @@
  *
  * It is the executable specification, so it is written to be read: three phases, each a plain loop
  * nest, with the data really moving between the ranks' communication buffers.
- *   1. stage    (home rank)   x -> quantized x (NVFP4) or a copy (BF16), ids, weights, token state
+ *   1. stage    (home rank)   x -> quantized x (NVFP4 activations) or a copy (BF16 activations: BF16
+ *                             weights, and NVFP4 weights in W4A16 mode, SPEC §3b), ids, weights, state
  *   2. experts  (owner rank)  read peers' staged tokens routed to a local expert, run the SwiGLU MLP
  *                             and the post-expert norm, write p into the home rank's buffer by slot
  *   3. combine  (home rank)   y[t] = bf16( sum over slots j ascending of w[t,j] * p[t,j] )
@@ -14,6 +15,8 @@
  * tree, so the result does not depend on the thread count or on R. NVFP4 operands are multiplied as
  * the exact values code * block_scale; the per-token s (or a2) and the global alpha multiply the
  * f32 sum afterwards: (sum * s) * alpha. Mathematically this is SPEC §3; see docs/DECISIONS.md.
+ * With BF16 activations on NVFP4 weights (SPEC §3b) x and a stay bf16 values, and only alpha
+ * multiplies the sums.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -112,7 +115,7 @@ static void stage_rank(const megamoe_layer *l, int rank, const megamoe_forward_a
                        bad_id *bad) {
     const mm_buffer_layout *L = &l->buffer->layout;
     const int T = a->num_tokens, K = l->config.top_k, H = l->config.hidden_size, E = l->config.num_experts;
-    const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
+    const int quantize_x = mm_layer_quantizes_activations(l);
     int32_t *num_tokens = (int32_t *)(base + L->num_tokens);
     int32_t *ids = (int32_t *)(base + L->topk_ids);     /* [T_max, K] */
     float *weights = (float *)(base + L->topk_weights); /* [T_max, K] */
@@ -138,7 +141,7 @@ static void stage_rank(const megamoe_layer *l, int rank, const megamoe_forward_a
         }
         state[t] = finite ? MM_TOKEN_LIVE : MM_TOKEN_POISONED;
         if (!finite) continue;
-        if (!nvfp4) {
+        if (!quantize_x) {
             memcpy(base + L->x + (size_t)t * (size_t)H * 2, x, (size_t)H * 2);
             continue;
         }
@@ -179,9 +182,10 @@ typedef struct slot_ref {
 typedef struct expert_scratch {
     slot_ref *slots; /* [n]                                                           */
     float *x;        /* [n, H] activations: code * sf (NVFP4) or the bf16 value       */
-    float *x_scale;  /* [n]    per-token s (NVFP4), 1 for BF16                         */
+    float *x_scale;  /* [n]    per-token s (NVFP4 activations), 1 for BF16             */
     float *gu;       /* [n, 2I] gate (0..I-1) and up (I..2I-1) after alpha and s       */
-    float *act;      /* [n, I]  down-projection input: code * sf (NVFP4) or bf16 value */
+    float *act;      /* [n, I]  down-projection input: code * sf (NVFP4 activations)   */
+                     /*         or the bf16 value                                      */
     float *p;        /* [n, H]  expert output                                          */
     size_t cap;      /* rows allocated                                                 */
 } expert_scratch;
@@ -259,7 +263,8 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
     const mm_buffer_layout *L = &l->buffer->layout;
     const megamoe_group *g = l->group;
     const int K = l->config.top_k, H = l->config.hidden_size, I = l->config.intermediate_size;
-    const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
+    const int nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4; /* weights */
+    const int qact = mm_layer_quantizes_activations(l);         /* activations, SPEC §3 vs §3b */
     const int expert = megamoe_group_rank(g, r) * l->experts_per_rank + le;
     const mm_rank_weights *w = &l->ranks[r];
 
@@ -289,7 +294,7 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
         const slot_ref *sr = &s->slots[i];
         const uint8_t *b = base[sr->src];
         float *xi = s->x + i * (size_t)H;
-        if (nvfp4) {
+        if (qact) {
             decode_nvfp4_row(tab, b + L->x + (size_t)sr->token * H / 2,
                              b + L->x_sf + (size_t)sr->token * H / 16, H, xi);
             s->x_scale[i] = ((const float *)(b + L->x_scale))[sr->token];
@@ -309,10 +314,11 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
     }
     if (!gemm_rows(&ga)) return MEGAMOE_ERR_OUT_OF_MEMORY;
 
-    /* SwiGLU, then the down projection's input (quantized with the static a2 for NVFP4). */
+    /* SwiGLU, then the down projection's input: quantized with the static a2 (NVFP4 activations),
+     * else rounded to bf16. */
     const float alpha_g = nvfp4 ? w->w13_alpha[le * 2] : 1.0f;
     const float alpha_u = nvfp4 ? w->w13_alpha[le * 2 + 1] : 1.0f;
-    const float a2 = nvfp4 ? w->w2_input_scale[le] : 1.0f;
+    const float a2 = qact ? w->w2_input_scale[le] : 1.0f;
     const float C = l->config.activation_clamp;
 #pragma omp parallel for num_threads(g->num_threads) schedule(static)
     for (size_t i = 0; i < n; i++) {
@@ -324,9 +330,12 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
             for (int j = 0; j < 16; j++) {
                 const int col = b * 16 + j;
                 float gv = gu[col], uv = gu[I + col];
-                if (nvfp4) {
+                if (qact) {
                     gv = mm_mul(mm_mul(gv, s->x_scale[i]), alpha_g);
                     uv = mm_mul(mm_mul(uv, s->x_scale[i]), alpha_u);
+                } else if (nvfp4) {
+                    gv = mm_mul(gv, alpha_g);
+                    uv = mm_mul(uv, alpha_u);
                 }
                 if (C > 0.0f) {
                     gv = fminf(gv, C);
@@ -334,7 +343,7 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
                 }
                 a[j] = gv / (1.0f + expf(-gv)) * uv;
             }
-            if (nvfp4) {
+            if (qact) {
                 const uint8_t sf = mm_quantize_block16(a, a2, codes);
                 for (int j = 0; j < 8; j++) {
                     act[b * 16 + 2 * j] = tab->e2m1_pair[codes[j]][0] * tab->e4m3[sf];
@@ -364,9 +373,12 @@ static megamoe_status run_expert(const megamoe_layer *l, int r, int le, uint8_t 
 #pragma omp parallel for num_threads(g->num_threads) schedule(static)
     for (size_t i = 0; i < n; i++) {
         float *p = s->p + i * (size_t)H;
-        if (nvfp4)
+        if (qact)
             for (int h = 0; h < H; h++)
                 p[h] = mm_mul(mm_mul(p[h], a2), alpha_2);
+        else if (nvfp4)
+            for (int h = 0; h < H; h++)
+                p[h] = mm_mul(p[h], alpha_2);
         if (gamma) {
             const float rms = 1.0f / sqrtf(sum_squares(p, H) / (float)H + eps);
             for (int h = 0; h < H; h++)

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.cuh"
+#include "launch.h"
 #include "../weight_layout.h"
 
 static thread_local char t_message[512];
@@ -20,18 +20,6 @@ megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file
 }
 
 const char *mm_cuda_last_message(void) { return t_message; }
-
-/* Makes the group's device current for the scope and restores the caller's afterwards. */
-struct device_scope {
-    int previous = -1;
-    explicit device_scope(int device) {
-        if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-        if (previous != device) cudaSetDevice(device);
-    }
-    ~device_scope() {
-        if (previous >= 0) cudaSetDevice(previous);
-    }
-};
 
 struct mm_cuda_group {
     int device;
@@ -126,11 +114,11 @@ extern "C" megamoe_status mm_cuda_buffer_init(megamoe_group *g, mm_buffer *b) {
     const mm_buffer_layout &L = b->layout;
     for (int r = 0; r < g->local_ranks; r++) {
         uint8_t *base = (uint8_t *)b->rank_base[r];
-        MM_CUDA_TRY(cudaMemset(base + L.splitk_counters, 0, MM_SPLITK_ENTRIES * MM_SPLITK_COUNTER_STRIDE * sizeof(int)));
-        MM_CUDA_TRY(cudaMemset(base + L.barrier, 0, ((size_t)g->world_size + 1) * 8));
-        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8)); /* no bad id yet; counts 0 */
-        MM_CUDA_TRY(cudaMemset(base + L.error + 8, 0, 8));
-        MM_CUDA_TRY(cudaMemset(base + L.stage_arrivals, 0, 4));
+        /* Every byte once: kernels read some regions past what a forward wrote -- a TMA box of act or
+         * xg rows past the last slot, whose columns the epilogue drops -- and a fresh allocation
+         * holds no defined value there (compute-sanitizer initcheck). */
+        MM_CUDA_TRY(cudaMemset(base, 0, (size_t)L.total)); /* split-K counters, barrier epochs: 0 */
+        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8));   /* no bad id yet; counts 0 */
     }
     MM_CUDA_TRY(cudaDeviceSynchronize()); /* zero before any peer can see the buffer */
     return MEGAMOE_OK;
@@ -283,19 +271,15 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     uint8_t **base = (uint8_t **)l->buffer->rank_base;
     uint8_t *const *peers = (uint8_t *const *)l->buffer->peer_table;
     uint8_t *err = base[0];
-    int total_tokens = 0, stage_blocks = 0;
-    for (int r = 0; r < g->local_ranks; r++) {
-        total_tokens += args[r].num_tokens;
-        stage_blocks += args[r].num_tokens > 0 ? args[r].num_tokens : 1;
-    }
-    /* Few slots in one process: the stage kernels' last block routes (no routing kernel). */
-    const bool stage_routes = sm90_stage_routes(sh, (long)total_tokens * sh.K);
+    int total_tokens = 0;
+    for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
+    /* One token of one rank: the stage block's last warp routes (no routing kernel). */
+    const bool stage_routes = sm90_stage_routes(sh, total_tokens);
     /* The error words were reset by the last forward's combine (or at buffer creation). */
     for (int r = 0; r < g->local_ranks; r++) {
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, peers,
-                                              stage_routes ? stage_blocks : 0, s);
+        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, megamoe_group_rank(g, r), a, stage_routes, s);
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */

@@ -1,6 +1,6 @@
 /*
  * common.cuh -- what the CUDA backend's kernels and their host side share: the shape of a forward,
- * a rank's device weights, launch checking, and small device helpers.
+ * a rank's device weights, launch checking, the device switch, and small device helpers.
  */
 #ifndef MEGAMOE_CUDA_COMMON_CUH
 #define MEGAMOE_CUDA_COMMON_CUH
@@ -16,6 +16,7 @@ extern "C" {
 #include "../internal.h"
 }
 #include "../formats.h"
+#include "ptx/sync.cuh"
 
 /* The sizes one forward's kernels need, by value. */
 struct mm_dev_shape {
@@ -33,13 +34,8 @@ struct mm_dev_shape {
 };
 
 /* Across GPUs a rank gathers only from this many slot rows on: below, its gate/up reads the few remote
- * rows where they are (the gather kernel's copy and launch cost more at decode). Placed by EP2 DSv3
- * NVFP4, T_max 8192 (session 9 call 2, ms per layer, gathering only from 1024 against always): per
- * rank T = 1 (16 slot rows) 0.1846 vs 0.1947, T = 8 0.4977 vs 0.5106, T = 32 (256 rows) 0.9904 vs
- * 1.0012, T = 128 (~1024 rows, some forwards under) 1.5214 vs 1.4276 -- so from 512. */
-#ifndef MM_GATHER_MIN_SLOTS
+ * rows where they are (the gather kernel's copy and launch cost more at decode; DECISIONS 89). */
 #define MM_GATHER_MIN_SLOTS 512
-#endif
 
 /* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */
 struct slot_info {
@@ -99,24 +95,6 @@ struct mm_dev_rank_args {
         if (err_ != cudaSuccess) return mm_cuda_error(err_, #call, __FILE__, __LINE__);            \
     } while (0)
 
-/* Programmatic dependent launch: every kernel of a forward is launched so that it may be scheduled
- * while the kernel before it drains (its launch latency hidden), and its first act is to wait for
- * that kernel to finish and its writes to be visible. Completion chains, so waiting for the kernel
- * just before waits for all earlier ones. Without a programmatic predecessor the wait returns at once. */
-__device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-/* A release / acquire fence at GPU scope, issued by one thread for its group (a warp or a block)
- * after the group's barrier: bar.sync and bar.warp.sync order the group's memory accesses before
- * the barrier, and the fence's release is cumulative over them -- the pattern of CUTLASS's split-K
- * semaphores (a relaxed atomic after the fence publishes; the fence after the atomic acquires).
- * Not __threadfence() in every thread: that is fence.sc.gpu (MEMBAR.SC.GPU), stronger than the
- * hand-off needs. Measured (H200, session 10 calls 3-4): no change in time -- the ~7 us tail of the
- * streaming split-K hand-off at Qwen3 T = 1 stayed (DECISIONS 62) -- kept as the lighter pattern. */
-__device__ __forceinline__ void mm_fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
-/* No griddepcontrol.launch_dependents right after every kernel's wait: letting the next kernel's
- * blocks in early that way was measured slower (H200, session 4: DSv3 T=1 0.118 -> 0.126 ms, Qwen3
- * T=128 0.223 -> 0.238). Two kernels trigger where it was measured faster: the streaming kernels once
- * a block's copies are issued, and the stage kernel when it routes 2+ tokens (DECISIONS 68, 70). */
-
 template <typename... KArgs, typename... Args>
 static inline cudaError_t mm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                     Args &&...args) {
@@ -140,62 +118,17 @@ static inline cudaError_t mm_device_sms(int *sms) {
     return e != cudaSuccess ? e : cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device);
 }
 
-/* Exclusive prefix sum over the block (blockDim.x a multiple of 32, at most 1024); *total gets the sum. */
-__device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
-    __shared__ int warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, o);
-        if (lane >= o) incl += n;
+/* Makes the group's device current for the scope and restores the caller's afterwards. */
+struct device_scope {
+    int previous = -1;
+    explicit device_scope(int device) {
+        if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+        if (previous != device) cudaSetDevice(device);
     }
-    __syncthreads();
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    int before = 0, sum = 0;
-    for (int w = 0; w < nwarps; w++) {
-        before += w < warp ? warp_sums[w] : 0;
-        sum += warp_sums[w];
+    ~device_scope() {
+        if (previous >= 0) cudaSetDevice(previous);
     }
-    *total = sum;
-    return before + incl - v;
-}
-
-/* One rank's expert offsets and tile list, in expert order, by one block (experts in chunks of
- * blockDim.x with a block-wide scan), from the counts count_of(e); on_expert(e, count, offset) sees
- * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start, tile_rows and num_tiles of
- * buffer b. */
-template <typename CountOf, typename OnExpert>
-__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b,
-                                                  CountOf count_of, OnExpert on_expert) {
-    int32_t *offset = (int32_t *)(b + L.expert_offset);
-    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
-    int2 *tile_rows = (int2 *)(b + L.tile_rows);
-    int slot_base = 0, tile_base = 0;
-    for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
-        const int e = e0 + threadIdx.x;
-        const int n = e < sh.E_r ? count_of(e) : 0, tiles = (n + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
-        int slot_total, tile_total;
-        const int slot_off = block_exclusive_scan(n, &slot_total);
-        const int tile_off = block_exclusive_scan(tiles, &tile_total);
-        if (e < sh.E_r) {
-            offset[e] = slot_base + slot_off;
-            on_expert(e, n, slot_base + slot_off);
-            for (int i = 0; i < tiles; i++) {
-                tile_expert[tile_base + tile_off + i] = e;
-                tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
-                tile_rows[tile_base + tile_off + i] = make_int2(slot_base + slot_off + i * MM_TILE_TOKENS,
-                                                               min(MM_TILE_TOKENS, n - i * MM_TILE_TOKENS));
-            }
-        }
-        slot_base += slot_total;
-        tile_base += tile_total;
-    }
-    if (threadIdx.x == 0) {
-        offset[sh.E_r] = slot_base;
-        *(int32_t *)(b + L.num_tiles) = tile_base;
-    }
-}
+};
 
 /* The CUDA device of a device-backend group. */
 int mm_cuda_group_device(const megamoe_group *g);
@@ -204,37 +137,6 @@ int mm_cuda_group_device(const megamoe_group *g);
 megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line);
 /* The message of the last mm_cuda_error (host side, per thread). */
 const char *mm_cuda_last_message(void);
-
-/* Launchers: one per kernel; each takes the stream, launches, checks the launch. */
-/* route_blocks > 0: the stage launches of this forward have that many blocks in all, and the last
- * of them builds the routing tables (when sm90_stage_routes; then sm90_route_launch is not called). */
-megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
-                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a, uint8_t *const *peers,
-                                 int route_blocks, cudaStream_t s);
-bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots);
-megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                 long total_slots, cudaStream_t s);
-/* Whether the routing of a forward of total_slots slots writes L.tile_order (the tiles by tokens,
- * most first: gemm_plan.h tile_order_before), which the streaming kernel then walks. */
-bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots);
-/* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered). */
-megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                  cudaStream_t s);
-/* Once per device, before the first launch and outside stream capture: the kernels' shared-memory opt-in. */
-megamoe_status sm90_expert_gemm_prepare();
-megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens, int force,
-                                       cudaStream_t s);
-/* Every rank of the group arrives at and waits for the others (NCCL backend: ranks on other GPUs),
- * through flags in the symmetric buffers; a wait longer than timeout_ms sets the timeout word. */
-megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                   int timeout_ms, cudaStream_t s);
-/* err_words/host_err: given to the forward's last combine (the error words' hand-off), else NULL. */
-/* Opts the combine kernels in to the chunk sums' shared memory of a layer with top-k K and hidden size H. */
-megamoe_status sm90_combine_prepare(int K, int H);
-megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
-                                   const float *gamma, const mm_dev_rank_args &a, uint8_t *err_words,
-                                   uint8_t *host_err, cudaStream_t s);
 
 /* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane): sign to bit 15,
  * e1 e0 m to bits 11..9 of each lane. Exact; the 2^-14 returns in the GEMM epilogues. */

@@ -6,7 +6,7 @@
  * every peer's flag slot for this rank, and waits until its own slots of all peers reach it.
  * One warp; ranks are spread over the lanes.
  */
-#include "common.cuh"
+#include "launch.h"
 
 __device__ __forceinline__ uint64_t global_ns() {
     uint64_t t;

@@ -17,8 +17,7 @@
  */
 #include <cooperative_groups.h>
 
-#include "common.cuh"
-#include "trace.cuh"
+#include "launch.h"
 
 namespace cg = cooperative_groups;
 
@@ -35,7 +34,6 @@ __device__ __forceinline__ float chunk_ssq(const float4 *row, int c, int lane) {
 template <bool CLUSTER>
 __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base, const float *gamma,
                                     mm_dev_rank_args a, uint8_t *err_words, uint8_t *host_err) {
-    MM_KSTAMP(MM_K_COMBINE, MM_KT_ENTRY);
     extern __shared__ float css[]; /* [K][H / 128] chunk sums of squares (this block's chunks) */
     __shared__ float rms[32];
     __shared__ int live[32];
@@ -60,7 +58,6 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
         }
     }
     mm_wait_previous();
-    MM_KSTAMP(MM_K_COMBINE, MM_KT_WAITED);
     if (host_err && blockIdx.x == 0 && threadIdx.x == 0) { /* every writer of the words has finished */
         uint4 *words = (uint4 *)err_words;
         *(uint4 *)host_err = *words;
@@ -129,12 +126,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
         out.y = (uint32_t)mm_f32_to_bf16(acc[2]) | ((uint32_t)mm_f32_to_bf16(acc[3]) << 16);
         ((uint2 *)y)[i] = out;
     }
-    MM_KSTAMP(MM_K_COMBINE, MM_KT_EXIT);
 }
 
-#if MM_STREAM_TRACE
-cudaError_t sm90_combine_trace_bind(unsigned long long *table) { return mm_ktrace_bind_here(table); }
-#endif
 
 /* The chunk sums take K x H / 128 floats of dynamic shared memory: opted in once per layer shape at
  * finalize, on the layer's device, outside any capture. */

@@ -6,7 +6,7 @@
  *     4096 B of codes, one of its 512 B of scales (each one contiguous run of the kernel layout,
  *     weight_layout.h) and one of 128 B per token of the activations, into a ring of 8 slots
  *     completed by mbarriers; the ring runs on across items, so it never drains;
- *   - four consumer warps (32 rows each, as in sm90_expert_gemm.cu) wait on a slot, copy it into
+ *   - four consumer warps (32 rows each, as in sm90_expert_mma.cu) wait on a slot, copy it into
  *     registers, release it, decode and issue mma.sync m16n8k16; no block barrier anywhere.
  * A token tile of the routing (64 tokens) is taken 16 tokens at a time ("chunks"; decode tiles
  * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
@@ -16,27 +16,30 @@
  * per token brings 4 K steps; a third instantiation runs 5 blocks per SM of 6 stages where a phase's
  * items would leave a short second round on 4 (plan_stream_more_blocks). At decode each block runs
  * its code once per forward, fetched cold after an L2 flush, so the epilogues are written compact
- * (MM_STREAM_COMPACT_EPILOGUE) and code on that path is kept short (DECISIONS 65, 67).
+ * (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS 65, 67).
  * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
  * makes at most about one item per resident block, so a split only happens when a phase has fewer
  * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
  * partial sums, fences and counts itself in for its (tile, slab) rows; the warp that comes last adds
  * the splits in split order (deterministic, so y stays bitwise independent of R and of the number
  * of GPUs) and runs the epilogue. The fence and returning atomic stall a warp ~2 us, once per item:
- * once per block at most with this plan (with 4 items per block it cost Mixtral T=8 a quarter of
- * its rate, so the earlier design added the partials in a kernel after each phase, ~10 us each).
+ * once per block at most with this plan (with several items per block the stalls add up; a finish
+ * kernel per phase instead costs ~10 us each).
  * Hand-offs are those of CUTLASS's TMA pipelines: consumers wait on the phase parity of `full`
  * without arriving on it, the producer on that of `empty`. compute-sanitizer's racecheck reports
  * such hand-offs as hazards even in a minimal correct kernel (dev/sm90_racecheck_probe.cu: modes 0,
  * 1, 3, 4 reported, 2 and 5 clean); it is clean only when every thread that writes or waits also
- * arrives, which couples the four consumer warps like a block barrier: measured 10-15% slower at
- * decode (DSv3 T=8 0.480 -> 0.551 ms). So racecheck runs with this kernel excluded
+ * arrives, which couples the four consumer warps like a block barrier, 10-15% slower at decode
+ * (DECISIONS 89). So racecheck runs with this kernel excluded
  * (bench/device_check.sh); memcheck covers it.
  * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
  * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
  */
-#include "sm90_async.cuh"
-#include "sm90_gemm_common.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/fragments.cuh"
+#include "launch.h"
+#include "ptx/bulk_copy.cuh"
+#include "ptx/mbarrier.cuh"
 
 #define ST_WARPS MM_STREAM_WARPS     /* consumer warps (4); one producer warp more */
 #define ST_THREADS ((ST_WARPS + 1) * 32)
@@ -44,66 +47,23 @@
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
-#ifndef MM_STREAM_UNROLL
-#define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (H200, 2026-11-29: 4 beat 1 by 2-7% at DSv3 T = 8-128) */
-#endif
-#ifndef MM_STREAM_FINISH_PAIRS
-#define MM_STREAM_FINISH_PAIRS 0 /* experiment: the last warp reads two splits per round trip for <= 8 tokens (Qwen3 T = 1
-                                  * -1.6% at UNROLL 1; with UNROLL 2 or 4 it spills) */
-#endif
-#ifndef MM_STREAM_B_UNPRED
-#define MM_STREAM_B_UNPRED 1 /* token rows read unpredicated (stale rows feed dropped columns only; pairs need it) */
-#endif
-#ifndef MM_STREAM_B_LDSM
-#define MM_STREAM_B_LDSM 1 /* the consumers read the token rows by ldmatrix.x4 (4 rows of 16 B per instruction). H200,
-                           * session 14 call 5, three runs each: Qwen3 T = 128 -0.8%, Mixtral T = 32 -0.9%, DSv3
-                           * T = 8 -0.9%, Qwen3 T = 1 +1.5% (0.0341 -> 0.0346 ms), the rest within 0.4% */
-#endif
-#ifndef MM_STREAM_COMPACT_EPILOGUE
-#define MM_STREAM_COMPACT_EPILOGUE 2 /* gemm_epilogue's COMPACT form: 1 in the split-K finisher, 2 there and after
-                                      * an unsplit item (0: neither). H200, session 11 call 3: 2 against 0,
-                                      * Qwen3 T = 1 0.0459 -> 0.0421 ms, T = 8 0.0842 -> 0.0827, Mixtral T = 1
-                                      * 0.1024 -> 0.1001, DSv3 T = 1 0.1012 -> 0.0993; T = 32 / 128, where
-                                      * blocks run several items and the code is warm, 0-1% slower; 1
-                                      * gained half of Qwen3 T = 1's (0.0445) */
-#endif
-#ifndef MM_STREAM_EARLY_NEXT
-#define MM_STREAM_EARLY_NEXT 2 /* gate/up (2: and down) lets the next kernel in once its producers have issued every copy
-                                * (griddepcontrol.launch_dependents); the down kernel then sets up, and its
-                                * producer walks its first item's load chain and issues its first weights,
-                                * before it waits for gate/up (st_wait_for_inputs). H200, session 12 call 1:
-                                * 2 against 0, Qwen3 T = 1 / 8 / 32 0.0424 / 0.0827 / 0.1528 -> 0.0408 /
-                                * 0.0772 / 0.1477, Mixtral T = 1 0.1001 -> 0.0975, DSv3 T = 1 0.0992 -> 0.0959
-                                * (DECISIONS 68) */
-#endif
-#ifndef ST_STAGES
-#define ST_STAGES 8                  /* ring slots (overridable for experiments: bench/build_variants.sh) */
-#endif
+#define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (4 beats 1 at 8-128 tokens, DECISIONS) */
+#define ST_STAGES 8                  /* ring slots */
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
-#ifndef ST_STAGES_MORE
 #define ST_STAGES_MORE 6 /* ring slots of the instantiation with one block per SM more (plan_stream_more_blocks) */
-#endif
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
-#ifndef ST_XG
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG neighbouring ring slots) */
-#endif
-#ifndef ST_XG_MIN_COLS
 #define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per step (a group's copy
                           * waits for the slot of its last step: ST_XG - 1 steps less lookahead) */
-#endif
-#ifndef ST_XG_MIN_AVG
 #define ST_XG_MIN_AVG 4 /* the grouped layout from this many slots per expert (the group's average) */
-#endif
 
 /* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 61):
  * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
  *   token's K step and 16 B of padding with the token's slot code and scale;
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
  *   live in one region, a token's row holding its K step of every slot (slot s at s * 128), so one
- *   bulk copy per token brings ST_XG steps. Measured (H200, session 10 call 1): from ~4 tokens per
- *   expert 1-11% faster (DSv3 T = 256 2.508 -> 2.276 ms, Mixtral T = 32 0.366 -> 0.326, Qwen3 T =
- *   128 0.200 -> 0.186), at ~1 token per expert 4-5% slower (DSv3 T = 8 0.450 -> 0.473), also with
- *   no grouping at all: the layout, not the grouping, costs there. */
+ *   bulk copy per token brings ST_XG steps. Faster from ~4 tokens per expert, slower at ~1 (the
+ *   layout, not the grouping, costs there): DECISIONS 89. */
 template <bool XG, int B = ST_BLOCKS_PER_SM>
 struct st_lay {
     static constexpr bool grouped = XG;
@@ -127,55 +87,6 @@ struct st_lay {
         return ring + s * slot + ST_CODES + ST_SCALES + (XG ? t * 8 : t * ST_XROW + 128);
     }
 };
-
-/* A timeline of one forward's streaming blocks, for finding where a decode forward's time goes (a
- * development build only: -DMM_STREAM_TRACE=1 through bench/build_variants.sh; the default build has
- * none of it). Each block stamps %globaltimer (ns) at fixed points; at exit the process prints, per
- * phase, each point's earliest / median / latest over the blocks, relative to the first block's
- * entry, for the last forward it ran (run `megamoe bench` with one T). */
-#ifndef MM_STREAM_TRACE
-#define MM_STREAM_TRACE 0
-#endif
-#if MM_STREAM_TRACE
-#include <cstdlib>
-#include <cstring>
-#include "trace.cuh"
-__device__ unsigned long long mm_ktrace_data[MM_K_KERNELS][MM_KTRACE_BLOCKS][MM_KT_EVENTS]; /* trace.cuh */
-cudaError_t sm90_stage_trace_bind(unsigned long long *table);
-cudaError_t sm90_combine_trace_bind(unsigned long long *table);
-#define ST_TRACE_BLOCKS 2048
-enum { ST_T_ENTRY, ST_T_WAITED, ST_T_SETUP, ST_T_FIRST_COPY, ST_T_FIRST_FULL, ST_T_STREAMED, ST_T_STORED,
-       ST_T_FENCED, ST_T_COUNTED, ST_T_SUMMED, ST_T_FIRST_CHUNK, ST_T_DONE, ST_T_ITEMS, ST_T_SMID, ST_T_WHO,
-       ST_T_EVENTS };
-__device__ unsigned long long st_trace[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
-__device__ __forceinline__ void st_stamp(int phase, int ev) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (blockIdx.x >= ST_TRACE_BLOCKS) return;
-    if (ev == ST_T_ENTRY) /* a new forward: the block's other stamps cleared */
-        for (int i = 1; i < ST_T_EVENTS; i++) st_trace[phase][blockIdx.x][i] = 0;
-    else if (st_trace[phase][blockIdx.x][ev]) return; /* the block's first only (its first chunk's) */
-    st_trace[phase][blockIdx.x][ev] = t;
-}
-__device__ __forceinline__ void st_count(int phase, unsigned long long v, unsigned long long who) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    if (blockIdx.x >= ST_TRACE_BLOCKS) return;
-    st_trace[phase][blockIdx.x][ST_T_ITEMS] = v;
-    st_trace[phase][blockIdx.x][ST_T_SMID] = smid;
-    st_trace[phase][blockIdx.x][ST_T_WHO] = who;
-}
-#define ST_STAMP(ev) st_stamp(PHASE, ev)
-#else
-#define ST_STAMP(ev) ((void)0) /* the stamp sites compile to nothing */
-#endif
-
-__device__ __forceinline__ void st_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Split-K partial sums: [split][slab][row of the rank's slots][128 rows of the slab] f32 in the
  * split-K workspace (plan_stream_splits keeps them inside it). */
@@ -211,7 +122,7 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
     tile = local / (p.splits * p.Y);
 }
 
-/* The down kernel's wait for gate/up (MM_STREAM_EARLY_NEXT): its blocks may enter while gate/up's
+/* The down kernel's wait for gate/up (both phases trigger launch_dependents early): its blocks may enter while gate/up's
  * last blocks still run, so everything that reads only the routing (written kernels before, whose
  * completion gate/up had waited for before it let this kernel in) runs first, and the wait comes
  * before the first copy of act rows -- in the producer warp, whose block therefore cannot end before
@@ -219,9 +130,8 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
  * always implies gate/up's (the completion chain of DECISIONS 37). Elsewhere the kernel's first act. */
 template <int PHASE>
 __device__ __forceinline__ void st_wait_for_inputs() {
-    if (PHASE == PHASE_DOWN && MM_STREAM_EARLY_NEXT) {
+    if (PHASE == PHASE_DOWN) {
         mm_wait_previous();
-        if ((threadIdx.x & 31) == 0) ST_STAMP(ST_T_WAITED);
     }
 }
 
@@ -288,7 +198,6 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 }
                 if (lane == 0) {
                     mm_mbar_expect_tx(&full[slot], bytes);
-                    if (n == 0) ST_STAMP(ST_T_FIRST_COPY);
                     mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
                     mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
                 }
@@ -307,8 +216,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     }
     /* Every copy of this block is issued: the next kernel may be scheduled (it waits for this one
      * before it reads what this one writes: st_wait_for_inputs, mm_wait_previous). */
-    if ((PHASE == PHASE_GATE_UP && MM_STREAM_EARLY_NEXT) || MM_STREAM_EARLY_NEXT >= 2)
-        asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    mm_launch_dependents();
 }
 
 /* acc = the splits' partials of a lane's values i < NI added in split order (split 0 first: no
@@ -370,14 +278,8 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
          * of the slab; offsets from one base are constants. */
         const float *base = st_partial((float *)ws, p.Y, p.slots, 0, h.y, first + 2 * c, 32 * warp + g);
         float acc[GROUPS_PER_WARP][8];
-#if MM_STREAM_FINISH_PAIRS
-        if (nc <= 8) /* one n-tile: 8 values per split, two splits per round trip */
-            st_sum_splits<4, 2>(acc, base, split_stride, p.splits, nc, c);
-        else
-#endif
             st_sum_splits<8, 1>(acc, base, split_stride, p.splits, nc, c);
-        if (warp == 0 && lane == 0) ST_STAMP(ST_T_SUMMED);
-        gemm_epilogue<PHASE, true, 2, MM_STREAM_COMPACT_EPILOGUE >= 1>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
+        gemm_epilogue<PHASE, true, 2, true>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
                                       8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     }
 }
@@ -408,7 +310,6 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
             w[q].sf = *(const uint2 *)(src + ST_CODES + (GROUPS_PER_WARP * warp + q) * 64 + g * 8);
         }
         uint32_t b[4][NT][2];
-#if MM_STREAM_B_UNPRED && MM_STREAM_B_LDSM
         /* Two ldmatrix.x4 per n-tile instead of eight 32-bit loads: matrix j is k 8j..8j+7 of the
          * step for the n-tile's 8 tokens (lane l gives row l & 7 of matrix l >> 3, + 4 in the second),
          * and thread (g, c) receives token g's k 8j + 2c, 8j + 2c + 1 -- b[j / 2][nt][j % 2], the
@@ -418,31 +319,9 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const uint8_t *row = lay::x(ring, slot) + (nt * 8 + (lane & 7)) * lay::xrow + 16 * ((lane >> 3) + 4 * hh);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(b[2 * hh][nt][0]), "=r"(b[2 * hh][nt][1]), "=r"(b[2 * hh + 1][nt][0]),
-                               "=r"(b[2 * hh + 1][nt][1])
-                             : "r"((uint32_t)__cvta_generic_to_shared(row)));
+                ldmatrix_x4(b[2 * hh][nt][0], b[2 * hh][nt][1], b[2 * hh + 1][nt][0], b[2 * hh + 1][nt][1],
+                            (uint32_t)__cvta_generic_to_shared(row));
             }
-#else
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int tok = nt * 8 + g;
-            const uint8_t *row = lay::x(ring, slot) + tok * lay::xrow + 4 * c;
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-#if MM_STREAM_B_UNPRED
-                /* Rows past the chunk's tokens hold stale bytes of earlier steps: they only reach
-                 * accumulator columns >= ncols, which no store and no per-column amax reads. */
-                b[s][nt][0] = *(const uint32_t *)(row + 32 * s);
-                b[s][nt][1] = *(const uint32_t *)(row + 32 * s + 16);
-#else
-                /* rows past the chunk's tokens hold stale data: zeros instead */
-                b[s][nt][0] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s) : 0u;
-                b[s][nt][1] = tok < h.ncols ? *(const uint32_t *)(row + 32 * s + 16) : 0u;
-#endif
-            }
-        }
-#endif
         __syncwarp();
         if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
 #pragma unroll
@@ -452,11 +331,10 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
                 uint32_t a[4];
                 decode_a<true>(w[q], s, a);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) st_mma(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
+                for (int nt = 0; nt < NT; nt++) mma_m16n8k16<false>(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
             }
     }
 
-    if (warp == 0 && lane == 0) ST_STAMP(ST_T_STREAMED); /* the block's first chunk's last step consumed */
     uint8_t *mine = peers[sh.first_rank + h.r];
     if (p.splits > 1) { /* partial sums out; the warp that stores a (tile, slab) last adds them up */
         float *ws = (float *)(mine + L.splitk_ws);
@@ -469,16 +347,13 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
                 if (col < h.ncols) __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
             }
         __syncwarp(); /* the warp's partial sums before lane 0's release */
-        if (warp == 0 && lane == 0) ST_STAMP(ST_T_STORED);
         /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
         int *counter = (int *)(mine + L.splitk_counters) +
-                       (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp) * MM_SPLITK_COUNTER_STRIDE;
+                       (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp);
         int old = 0;
         if (lane == 0) {
             mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
-            if (warp == 0) ST_STAMP(ST_T_FENCED);
             old = atomicAdd(counter, 1);
-            if (warp == 0) ST_STAMP(ST_T_COUNTED);
         }
         old = __shfl_sync(0xFFFFFFFFu, old, 0);
         if (old != p.splits * ((st_tcols(h) + ST_COLS - 1) / ST_COLS) - 1) return false;
@@ -489,7 +364,7 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
         __syncwarp();
         return true; /* the caller adds the splits up (st_finish_warp, inlined once) */
     }
-    gemm_epilogue<PHASE, true, NT, MM_STREAM_COMPACT_EPILOGUE >= 2>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
+    gemm_epilogue<PHASE, true, NT, true>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
                                    8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     return false;
 }
@@ -499,11 +374,9 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force, long host_slots, int host_splits,
                               int host_ordered) {
-    if (threadIdx.x == 0) ST_STAMP(ST_T_ENTRY);
-    constexpr bool early = PHASE == PHASE_DOWN && MM_STREAM_EARLY_NEXT; /* st_wait_for_inputs */
+    constexpr bool early = PHASE == PHASE_DOWN; /* st_wait_for_inputs */
     if (!early) {
         mm_wait_previous();
-        if (threadIdx.x == 0) ST_STAMP(ST_T_WAITED);
     }
     extern __shared__ __align__(128) uint8_t ring[];
     using lay = st_lay<XG, B>;
@@ -542,15 +415,6 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     }
     __syncthreads();
     p.items = base[sh.local_ranks];
-#if MM_STREAM_TRACE
-    if (threadIdx.x == 0) {
-        ST_STAMP(ST_T_SETUP);
-        int r = 0, tile = 0, y = 0, split = 0;
-        if ((int)blockIdx.x < p.items) st_item(blockIdx.x, base, sh.local_ranks, p, r, tile, y, split);
-        st_count(PHASE, blockIdx.x < p.items ? (p.items - 1 - blockIdx.x) / gridDim.x + 1 : 0,
-                 (unsigned long long)tile << 32 | (unsigned long long)y << 16 | (unsigned long long)split);
-    }
-#endif
     if ((int)blockIdx.x >= p.items) {
         if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
         return;
@@ -562,15 +426,10 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         return;
     }
     int n = 0; /* steps consumed */
-#if MM_STREAM_TRACE
-    int chunks = 0;
-#endif
     for (;;) {
         const int slot = n % lay::stages;
         mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
         const st_header h = hdr[slot];
-        if (warp == 0 && lane == 0 && n == 0) ST_STAMP(ST_T_FIRST_FULL);
-        if (warp == 0 && lane == 0 && h.steps == 0) ST_STAMP(ST_T_DONE);
         if (h.steps == 0) break;
         if (lane < ST_COLS) {
             const uint8_t *pad = lay::meta(ring, slot, lane);
@@ -583,9 +442,6 @@ __global__ void __launch_bounds__(ST_THREADS, B)
                 ? st_consume_chunk<PHASE, lay, 2, U>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
                 : st_consume_chunk<PHASE, lay, 1, U>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
-#if MM_STREAM_TRACE
-        if (warp == 0 && lane == 0 && chunks++ == 0) ST_STAMP(ST_T_FIRST_CHUNK); /* its first chunk consumed */
-#endif
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
 }
@@ -645,21 +501,7 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
     return MEGAMOE_OK;
 }
 
-#if MM_STREAM_TRACE
-static void st_trace_report();
-#endif
 megamoe_status sm90_expert_stream_prepare() {
-#if MM_STREAM_TRACE
-    /* Registered after the CUDA runtime's own exit handler (the runtime is up by now), so it runs
-     * before the runtime tears the context down; registered at static initialization, it ran after
-     * (session 10, call 1: every read failed). */
-    static const int registered = atexit(st_trace_report);
-    (void)registered;
-    unsigned long long *table = NULL; /* the stage and combine kernels' stamps (trace.cuh) */
-    MM_CUDA_TRY(cudaGetSymbolAddress((void **)&table, mm_ktrace_data));
-    MM_CUDA_TRY(sm90_stage_trace_bind(table));
-    MM_CUDA_TRY(sm90_combine_trace_bind(table));
-#endif
     for (const st_variant &v : st_variants)
         for (st_kernel_fn k : v.kernel) {
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
@@ -677,89 +519,3 @@ megamoe_status sm90_expert_stream_prepare() {
     return MEGAMOE_OK;
 }
 
-#if MM_STREAM_TRACE
-#include <algorithm>
-#include <cstdio>
-#include <vector>
-/* Prints the timeline of the last forward (see MM_STREAM_TRACE above), at process exit. */
-static void st_trace_report() {
-    static unsigned long long t[2][ST_TRACE_BLOCKS][ST_T_EVENTS];
-    const cudaError_t err = cudaMemcpyFromSymbol(t, st_trace, sizeof t);
-    if (err != cudaSuccess) {
-        fprintf(stderr, "stream trace: cudaMemcpyFromSymbol: %s\n", cudaGetErrorString(err));
-        return;
-    }
-    unsigned long long t0 = ~0ull;
-    for (int ph = 0; ph < 2; ph++)
-        for (int b = 0; b < ST_TRACE_BLOCKS; b++)
-            if (t[ph][b][ST_T_ENTRY]) t0 = std::min(t0, t[ph][b][ST_T_ENTRY]);
-    static unsigned long long kt[MM_K_KERNELS][MM_KTRACE_BLOCKS][MM_KT_EVENTS];
-    if (cudaMemcpyFromSymbol(kt, mm_ktrace_data, sizeof kt) != cudaSuccess) memset(kt, 0, sizeof kt);
-    static const char *names[ST_T_ITEMS] = {"entry", "waited", "setup", "first copy", "first full", "streamed",
-                                            "stored", "fenced", "counted", "summed", "first chunk", "done"};
-    static const char *kname[MM_K_KERNELS] = {"stage", "combine"};
-    static const char *kev[MM_KT_EVENTS] = {"entry", "waited", "staged", "exit", "amax", "route read", "route counted", "route tiles"};
-    /* In the order they happen (the combine stamps the first four only). */
-    static const int order[MM_KT_EVENTS] = {MM_KT_ENTRY,    MM_KT_WAITED,    MM_KT_AMAX,    MM_KT_MID,
-                                            MM_KT_R_READ, MM_KT_R_COUNTED, MM_KT_R_TILES, MM_KT_EXIT};
-    for (int k = 0; k < MM_K_KERNELS; k++) {
-        fprintf(stderr, "kernel trace, %s (us from the first gate/up block's entry; earliest / median / latest):\n", kname[k]);
-        for (int oi = 0; oi < MM_KT_EVENTS; oi++) {
-            const int ev = order[oi];
-            std::vector<double> v;
-            for (int b = 0; b < MM_KTRACE_BLOCKS; b++)
-                if (kt[k][b][ev] && kt[k][b][MM_KT_ENTRY]) v.push_back(((double)kt[k][b][ev] - (double)t0) * 1e-3);
-            if (v.empty()) continue;
-            std::sort(v.begin(), v.end());
-            fprintf(stderr, "  %-13s %9.2f %9.2f %9.2f  (%zu blocks)\n", k == MM_K_STAGE || ev != MM_KT_MID ? kev[ev] : "mid",
-                    v.front(), v[v.size() / 2], v.back(), v.size());
-        }
-    }
-    for (int ph = 0; ph < 2; ph++) {
-        fprintf(stderr, "stream trace, %s (us from the first block's entry; earliest / median / latest):\n",
-                ph ? "down" : "gate/up");
-        for (int ev = 0; ev < ST_T_ITEMS; ev++) {
-            std::vector<double> v;
-            for (int b = 0; b < ST_TRACE_BLOCKS; b++)
-                if (t[ph][b][ST_T_ENTRY] && t[ph][b][ev]) v.push_back((t[ph][b][ev] - t0) * 1e-3);
-            if (v.empty()) continue;
-            std::sort(v.begin(), v.end());
-            fprintf(stderr, "  %-11s %9.2f %9.2f %9.2f  (%zu blocks)\n", names[ev], v.front(), v[v.size() / 2],
-                    v.back(), v.size());
-        }
-        int hist[8] = {0};
-        for (int b = 0; b < ST_TRACE_BLOCKS; b++)
-            if (t[ph][b][ST_T_ENTRY]) hist[std::min<unsigned long long>(t[ph][b][ST_T_ITEMS], 7)]++;
-        fprintf(stderr, "  items per block: 0: %d, 1: %d, 2: %d, 3: %d, 4: %d, 5: %d, 6: %d, 7+: %d\n", hist[0],
-                hist[1], hist[2], hist[3], hist[4], hist[5], hist[6], hist[7]);
-        /* The blocks whose first chunk ended last: where a phase's tail comes from. */
-        std::vector<int> order;
-        for (int b = 0; b < ST_TRACE_BLOCKS; b++)
-            if (t[ph][b][ST_T_ENTRY] && t[ph][b][ST_T_FIRST_CHUNK]) order.push_back(b);
-        std::sort(order.begin(), order.end(),
-                  [&](int a, int b) { return t[ph][a][ST_T_FIRST_CHUNK] > t[ph][b][ST_T_FIRST_CHUNK]; });
-        auto us = [&](int b, int ev) { return t[ph][b][ev] ? (t[ph][b][ev] - t0) * 1e-3 : -1.0; };
-        fprintf(stderr, "  latest first chunks: block sm tile slab split | first copy, first full, streamed, stored, fenced, "
-                        "counted, first chunk (us)\n");
-        for (size_t i = 0; i < order.size() && i < 12; i++) {
-            const int b = order[i];
-            const unsigned long long w = t[ph][b][ST_T_WHO];
-            fprintf(stderr, "    %5d %3llu %4llu %4llu %3llu | %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f\n", b,
-                    t[ph][b][ST_T_SMID], w >> 32, (w >> 16) & 0xFFFF, w & 0xFFFF, us(b, ST_T_FIRST_COPY),
-                    us(b, ST_T_FIRST_FULL), us(b, ST_T_STREAMED), us(b, ST_T_STORED), us(b, ST_T_FENCED),
-                    us(b, ST_T_COUNTED), us(b, ST_T_FIRST_CHUNK));
-        }
-        /* Per split: the median end of the first chunk and of its streaming (splits of one pair differ?). */
-        for (int sp = 0; sp < 16; sp++) {
-            std::vector<double> a, c;
-            for (int b : order)
-                if ((int)(t[ph][b][ST_T_WHO] & 0xFFFF) == sp) a.push_back(us(b, ST_T_STREAMED)), c.push_back(us(b, ST_T_FIRST_CHUNK));
-            if (a.empty()) continue;
-            std::sort(a.begin(), a.end());
-            std::sort(c.begin(), c.end());
-            fprintf(stderr, "  split %2d: %zu blocks, streamed median %7.2f max %7.2f, first chunk median %7.2f max %7.2f\n", sp,
-                    a.size(), a[a.size() / 2], a.back(), c[c.size() / 2], c.back());
-        }
-    }
-}
-#endif

@@ -20,24 +20,21 @@
  */
 #include <type_traits>
 
-#include "sm90_gemm_common.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/fragments.cuh"
+#include "gemm/splitk.cuh"
+#include "launch.h"
+#include "ptx/wgmma.cuh"
 
 #define WG_WARPS 8
 #define WG_THREADS (WG_WARPS * 32)
 #define WG_ROWS (WG_WARPS * GROUPS_PER_WARP * 16) /* 256 weight rows per block */
-#ifndef WG_STAGES
-#define WG_STAGES 5 /* pipeline slots (overridable for experiments: bench/build_variants.sh) */
-#endif
+#define WG_STAGES 5 /* pipeline slots */
 /* NVFP4: registers capped at 128 for 2 blocks (4 warpgroups) per SM. ptxas then serializes each
- * warpgroup's wgmma with its next step (C7511), but the other warpgroups fill the tensor cores:
- * measured on the H200, DSv3 T = 2048, 5.99 ms against 7.53 ms with 1 block of 155 registers. */
+ * warpgroup's wgmma with its next step (C7511), but the other warpgroups fill the tensor cores
+ * (faster than 1 block of 155 registers: DECISIONS 89). */
 #define WG_NVFP4_BLOCKS 2
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
-/* One process (a tile per block): the epilogue through shared memory and a bulk store per token
- * column (staged_epilogue); 0: a scattered store per value, as with LOOP. */
-#ifndef WG_STAGED
-#define WG_STAGED 1
-#endif
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
 static_assert(WG_ROWS == MM_WGMMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
 static_assert(WG_ROWS == 256, "staged_epilogue's row blocks");
@@ -49,66 +46,6 @@ __host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
 static_assert(MM_TILE_TOKENS * EPI_STAGE_ROW <= wgmma_smem_bytes(true) && MM_TILE_TOKENS * EPI_STAGE_ROW <= wgmma_smem_bytes(false),
               "the staged tile fits the rings");
 
-
-/* d[32] = A(64 x 16, this warp's 16 rows in a[4]) . B(64 tokens x 16)^T (+ d when accumulate) */
-template <bool nvfp4>
-__device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t db, int accumulate) {
-    if constexpr (nvfp4) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                     : MM_ACC32(d, 0)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                     : MM_ACC32(d, 0)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    }
-}
-
-/* The same with an instruction N of 32 or 16 tokens (accumulators d[0..NW/2)): for token tiles of at
- * most NW tokens -- a tile is 64 tokens in the routing, but at 16-32 tokens per expert (DSv3 T =
- * 512, Mixtral T = 64-128) most hold 32 or fewer, and an m64n64 wgmma spends the tensor cores' time
- * on empty columns. The B descriptor is the 64-token tile's: N = 32 reads its first 4 core-matrix
- * groups. MM_WGMMA_NARROW: 0 = always N 64, 1 = N 32 when a tile holds <= 32 tokens, 2 (default) =
- * also N 16 for <= 16. H200, 2026-11-30 (session 10 call 1), NVFP4 ms, N 64 -> 2: DSv3 T = 512 3.415
- * -> 2.990, T = 1024 3.847 -> 3.640; Qwen3 T = 256 0.2628 -> 0.2445, T = 512 0.3211 -> 0.3151;
- * Mixtral T = 64 0.4993 -> 0.4322 (1 gave about half of each gain). */
-#ifndef MM_WGMMA_NARROW
-#define MM_WGMMA_NARROW 2
-#endif
-template <int NW, bool nvfp4>
-__device__ __forceinline__ void wgmma_rs_narrow(float *d, const uint32_t *a, uint64_t db, int accumulate) {
-    static_assert(NW == 32 || NW == 16, "N 32 or 16");
-    if constexpr (NW == 32 && nvfp4)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-                     : MM_ACC8(d, 0), MM_ACC8(d, 8)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    else if constexpr (NW == 32)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-                     : MM_ACC8(d, 0), MM_ACC8(d, 8)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    else if constexpr (nvfp4)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-                     : MM_ACC8(d, 0)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-                     : MM_ACC8(d, 0)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
-}
 
 /* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split.
  * LOOP: the NCCL instantiation, whose blocks walk the tiles from blockIdx.x on, gridDim.x apart (the
@@ -205,7 +142,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
      * so the loop alternates two register sets. */
     auto step = [&](int kc, a_regs &a, a_regs &prev, auto nw) {
         cp_async_wait<WG_STAGES - 3>();                              /* this thread's copies of step kc */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* visible to the wgmma (async proxy) */
+        mm_fence_proxy_async(); /* visible to the wgmma (async proxy) */
         __syncthreads(); /* everyone's copies landed; the wgmma of step kc - 2 retired in every warp */
         issue(kc + WG_STAGES - 2);                                   /* into the slot of step kc - 2 */
         a_raw<nvfp4> cur[GROUPS_PER_WARP];
@@ -226,7 +163,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             for (int q = 0; q < GROUPS_PER_WARP; q++) {
                 wgmma_fence();
 #pragma unroll
-                for (int s = 0; s < 4; s++) wgmma_rs<nvfp4>(part, a[q][s], db_at(s), s > 0);
+                for (int s = 0; s < 4; s++) wgmma_rs<64, !nvfp4>(part, a[q][s], db_at(s), s > 0);
                 wgmma_commit();
                 wgmma_wait<0>();
 #pragma unroll
@@ -239,8 +176,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
                 const uint64_t db = db_at(s);
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                    if constexpr (decltype(nw)::value == 64) wgmma_rs<nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
-                    else wgmma_rs_narrow<decltype(nw)::value, nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+                    wgmma_rs<decltype(nw)::value, !nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
                 }
             }
             wgmma_commit();
@@ -259,11 +195,15 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
         }
         if (kc < kc1) step(kc, a0, a1, nw);
     };
-    /* The tile's token count is the block's, so every warpgroup takes the same instruction N. NVFP4
+    /* An instruction N of 32 or 16 tokens (accumulators d[0..N/2)) for token tiles of at most N
+     * tokens: a tile is 64 tokens in the routing, but at 16-32 tokens per expert most hold 32 or
+     * fewer, and an m64n64 wgmma spends the tensor cores' time on empty columns. The B descriptor is
+     * the 64-token tile's: N = 32 reads its first 4 core-matrix groups (the gain: DECISIONS 89).
+     * The tile's token count is the block's, so every warpgroup takes the same instruction N. NVFP4
      * in one process only: the NCCL (LOOP) forms spill with the extra loops, BF16 takes ws64 there. */
     if constexpr (nvfp4 && !LOOP) {
-        if (MM_WGMMA_NARROW >= 2 && ncols <= 16) k_loop(std::integral_constant<int, 16>());
-        else if (MM_WGMMA_NARROW >= 1 && ncols <= 32) k_loop(std::integral_constant<int, 32>());
+        if (ncols <= 16) k_loop(std::integral_constant<int, 16>());
+        else if (ncols <= 32) k_loop(std::integral_constant<int, 32>());
         else k_loop(std::integral_constant<int, 64>());
     } else {
         k_loop(std::integral_constant<int, 64>());
@@ -281,7 +221,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
             return;
     }
 
-    if constexpr (!LOOP && WG_STAGED) { /* one tile per block: the rings are free once every warp's wgmma retired */
+    if constexpr (!LOOP) { /* one tile per block: the rings are free once every warp's wgmma retired */
         staged_epilogue<PHASE, nvfp4, 8, false>(acc, sh, L, peers, mine, W, e, first, ncols, wgroup, col_code,
                                                 col_scale, lane, smem, blockIdx.y, tid, [] { __syncthreads(); });
         return;

@@ -25,39 +25,23 @@
  * BF16 takes its A operand from shared memory instead (SS wgmma): a slab's K step is stored in the
  * K-major core-matrix order (weight_layout.h), so the bulk-copied 16 KB is the operand as it lands.
  */
-#include "sm90_async.cuh"
-#include "sm90_gemm_common.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/fragments.cuh"
+#include "launch.h"
+#include "ptx/barrier.cuh"
+#include "ptx/bulk_copy.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/wgmma.cuh"
 
 #define WS_THREADS 384
 /* Tokens per block, the wgmma N (template NTOK): 128 (two 64-token tiles of the list: GEMM_WS) or
  * 64 (one tile: GEMM_WS64, for 16-64 tokens per expert, where the weights' bandwidth bounds). */
-#ifndef WS_LAG
 #define WS_LAG 2      /* K steps of token copies a producer thread keeps in flight before signalling */
-#endif
-/* Experiment and test knob (default off): the grid capped at one block per SM in one process too,
- * as with NCCL, so every block walks several items (the loop NCCL takes, on one GPU). */
-#ifndef WS_CAP_ALWAYS
-#define WS_CAP_ALWAYS 0
-#endif
-/* The one-item blocks' epilogue through shared memory and bulk stores (staged_epilogue); 0: the
- * scattered stores of gemm_epilogue, as with LOOP. */
-#ifndef WS_STAGED
-#define WS_STAGED 1
-#endif
-/* gemm_epilogue's COMPACT loop (not unrolled) in the staged epilogue: 1 NVFP4 gate/up (its SwiGLU and
- * block quantization unrolled over 32 columns is code enough to miss the instruction cache: 47% of
- * the scattered epilogue's samples were no_inst, session 15 call 2), 2 also BF16 gate/up, 3 also
- * down, 0 none. H200, session 15 calls 3-4, 2 (gate/up, both formats) against 0: NVFP4 Mixtral
- * T = 256 / 512 / 2048 / 8192 +1.6 / -6.4 / -2.1 / -2.1%, DSv3 T = 2048 / 8192 -1.3 / -1.2%
- * (Qwen3 takes the wgmma kernel); BF16 2-18% slower (Mixtral T = 8192 8.51 -> 10.03 ms). */
-#ifndef WS_STAGED_COMPACT
-#define WS_STAGED_COMPACT 1
-#endif
 /* Registers: 168 per thread at launch (384 x 168 = 63K of the SM's 64K), then 40 for the producer and
  * 232 for the consumers (128 x 40 + 256 x 232, the same 63K). At 216 for the consumers (a launch at
  * 160) ptxas serializes the wgmma (C7512). */
-#define WS_PRODUCER_REGS "40"
-#define WS_CONSUMER_REGS "232"
+#define WS_PRODUCER_REGS 40
+#define WS_CONSUMER_REGS 232
 static_assert(MM_TILE_TOKENS == 64, "a block takes one or two tiles of the tile list");
 static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
 static_assert(MM_WS_ROWS == 256, "staged_epilogue's row blocks");
@@ -72,59 +56,6 @@ struct ws_cfg {
     static_assert(stage_bytes % 1024 == 0, "each stage's token tile 1024-byte aligned");
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
-
-#define WS_WGMMA_N128(TYPE)                                                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                   \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                              \
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"     \
-                 "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"    \
-                 "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "                  \
-                 "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"                                                     \
-                 : MM_ACC64(d)                                                                                  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
-
-#define WS_WGMMA_N64(TYPE)                                                                                      \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                   \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                               \
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                     \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                          \
-                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                    \
-                 : MM_ACC32(d, 0)                                                                                  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate))
-
-/* d[NTOK / 2] (+)= A (64 x 16: this warp's 16 rows in a[4], mma.sync fragment order) . B (NTOK tokens x 16)^T */
-template <bool nvfp4, int NTOK>
-__device__ __forceinline__ void ws_wgmma(float *d, const uint32_t *a, uint64_t db, int accumulate) {
-    if constexpr (NTOK == 128) {
-        if constexpr (nvfp4) WS_WGMMA_N128("f16");
-        else WS_WGMMA_N128("bf16");
-    } else {
-        if constexpr (nvfp4) WS_WGMMA_N64("f16");
-        else WS_WGMMA_N64("bf16");
-    }
-}
-
-/* BF16: d[NTOK / 2] (+)= A (64 x 16 from shared memory, descriptor da) . B (NTOK tokens x 16)^T */
-#define WS_WGMMA_SS_BF16(N, OUTS, ACC, P)                                                                             \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                                \
-                 "wgmma.mma_async.sync.aligned.m64n" N "k16.f32.bf16.bf16 "                                    \
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"     \
-                 "%24,%25,%26,%27,%28,%29,%30,%31" ACC                                                          \
-                 : OUTS                                                                                        \
-                 : "l"(da), "l"(db), "r"(accumulate))
-template <int NTOK>
-__device__ __forceinline__ void ws_wgmma_ss_bf16(float *d, uint64_t da, uint64_t db, int accumulate) {
-    if constexpr (NTOK == 128)
-        WS_WGMMA_SS_BF16("128", MM_ACC64(d), ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,"
-                              "%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n", "66");
-    else
-        WS_WGMMA_SS_BF16("64", MM_ACC32(d, 0), "}, %32, %33, p, 1, 1, 0, 0;\n}\n", "34");
-}
-
-/* 16 bytes global -> shared; src_bytes 0 fills zeros. */
-__device__ __forceinline__ void ws_cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
 
 /* A position in the stage ring: stage s, the parity of its current use, and whether the ring has
  * wrapped once (a producer waits for a stage's release only from its second use on). Carried step by
@@ -169,7 +100,7 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * the ring's stages run on (the block's step, not the item's, picks the stage and the phase);
  * the column codes and scales are double-buffered, the producer writing an item's buffer once the
  * consumers' epilogue of the item two before has let it go (colfree). Blocks never wait for each
- * other. (A walking grid on one GPU was measured slower: session 7, `WS_CAP_ALWAYS`.) */
+ * other. (A walking grid on one GPU is slower: DECISIONS.) */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
@@ -241,7 +172,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     };
 
     if (wg == 0) { /* producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 " WS_PRODUCER_REGS ";\n");
+        mm_setmaxnreg_dec<WS_PRODUCER_REGS>();
         const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
         const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
         const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
@@ -300,25 +231,25 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 if (t < NTOK) /* NTOK 64: threads 64..127 copy nothing but signal like the others */
 #pragma unroll
                     for (int j = 0; j < 8; j++)
-                        ws_cp_async16(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
+                        cp_async16_zfill(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
                 cp_async_commit();
                 if (kc >= WS_LAG) {
                     cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    mm_fence_proxy_async();
                     mm_mbar_arrive(&full[LOOP ? pos.back(WS_LAG) : (kc - WS_LAG) % C::stages]);
                 }
                 if (LOOP) pos.next();
             }
             if (tma) return;
             cp_async_wait<0>();
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            mm_fence_proxy_async();
             for (int d = min(WS_LAG, nkc); d >= 1; d--) /* steps nkc - d */
                 mm_mbar_arrive(&full[LOOP ? pos.back(d) : (nkc - d) % C::stages]);
         });
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " WS_CONSUMER_REGS ";\n");
+    mm_setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
     /* BF16 gate/up (bf16_promote): the four k16 steps of a group and 64 tokens go into part (m64n64),
@@ -350,7 +281,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 #pragma unroll
             for (int k = 0; k < 4; k++)
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) ws_wgmma<NVFP4, NTOK>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+                for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<NTOK, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
         } else {
             /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
              * at 8-row block 8 q of piece row (k, h = 0); LBO 2 KB (k half), SBO 128 B (8 rows). */
@@ -362,7 +293,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                     for (int h = 0; h < NTOK / 64; h++) { /* tokens 64 h.. : 64 rows of 128 B further (512 x 16 B) */
                         wgmma_fence();
 #pragma unroll
-                        for (int k = 0; k < 4; k++) ws_wgmma_ss_bf16<64>(part, a_desc(q, k), db + 512 * h + 2 * k, k > 0);
+                        for (int k = 0; k < 4; k++) wgmma_ss_bf16<64>(part, a_desc(q, k), db + 512 * h + 2 * k, k > 0);
                         wgmma_commit();
                         wgmma_wait<0>();
 #pragma unroll
@@ -374,7 +305,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 for (int k = 0; k < 4; k++)
 #pragma unroll
                     for (int q = 0; q < GROUPS_PER_WARP; q++)
-                        ws_wgmma_ss_bf16<NTOK>(acc[q], a_desc(q, k), db + 2 * k, kc > 0 || k > 0);
+                        wgmma_ss_bf16<NTOK>(acc[q], a_desc(q, k), db + 2 * k, kc > 0 || k > 0);
             }
         }
         wgmma_commit(); /* (promote: an empty group, everything has retired) */
@@ -402,16 +333,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         }
         if (LOOP && lane == 0) mm_mbar_arrive(&empty[pos.back(1)]); /* the last step's stage */
         const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
-        if constexpr (!LOOP && WS_STAGED) {
+        if constexpr (!LOOP) {
             /* The block's only item: the producer issued nothing past it, so every stage has landed
              * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
             static_assert(NTOK * EPI_STAGE_ROW <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            constexpr bool compact = WS_STAGED_COMPACT >= (PHASE == PHASE_DOWN ? 3 : NVFP4 ? 1 : 2);
+            constexpr bool compact = PHASE == PHASE_GATE_UP && NVFP4; /* the compact loop: DECISIONS */
             staged_epilogue<PHASE, NVFP4, NTOK / 8, compact>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
-                it.rb, c * 128 + t, [] { asm volatile("bar.sync 1, 256;\n" ::: "memory"); });
+                it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
             return;
         }
         gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
@@ -475,12 +406,12 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
     if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
     /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
      * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
-     * of thousands of blocks of 155 KB at decode that only read the count and leave (measured 0.5 ms
-     * per forward, EP2 DSv3 T_max 8192, session 7); the grid is then one block per SM, each walking
+     * of thousands of blocks of 155 KB at decode that only read the count and leave (0.5 ms per
+     * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM, each walking
      * the items the device counted. An odd stride, so a block does not see only one parity of
      * tiles (the odd tiles are empty items). */
     int blocks = (rows / MM_WS_ROWS) * tiles;
-    const bool loop = sh.local_ranks < sh.R || WS_CAP_ALWAYS;
+    const bool loop = sh.local_ranks < sh.R;
     if (loop) {
         int sms = 0;
         MM_CUDA_TRY(mm_device_sms(&sms));

@@ -5,26 +5,20 @@
  * device, so a forward needs no host synchronization.
  *   count: one block per (local expert, rank); tiles: one block per rank; fill: like count;
  *   small: all three in one kernel for forwards of few slots in one process.
- * For the forwards that gather (sh.gathered: across GPUs always, on one GPU when the warp-specialized
- * kernels take gate/up) the gather kernel then copies each routed slot's gate/up input row and scale
- * from its home rank into the rank's slot-ordered copy (L.xg), once: across GPUs the GEMM kernels
- * then read local rows instead of re-reading remote ones over NVLink for every row block, and the
- * warp-specialized kernels' token tiles are consecutive rows (one TMA box).
+ * The forwards that gather then run sm90_gather.cu.
  */
-#include "common.cuh"
 #include "gemm_plan.h"
+#include "launch.h"
+#include "route.cuh"
 
-#ifndef ROUTE_SMALL_SLOTS
 /* Slots of a forward routed by the one-kernel path: over it the chunked routing (count / scan / fill)
- * is faster -- Qwen3 T = 512 (4096 slots) -1.0% on H200, session 14; at 1024 and fewer the one kernel's
- * saved launches win (a bound of 128 made Qwen3 T = 32 / 128 5.9 / 3.7% slower). */
+ * is faster; at 1024 and fewer the one kernel's saved launches win (DECISIONS). */
 #define ROUTE_SMALL_SLOTS 1024
-#endif
 #define ROUTE_SMALL_EXPERTS 8192 /* experts per rank it counts in shared memory (32 KB) */
 
 /* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
- * order; all threads of the block take part in every call. SCALE: scale is the slot's token's
- * NVFP4 activation scale (read beside its id), else 1. */
+ * order; all threads of the block take part in every call. SCALE: scale is a matching slot's
+ * token's NVFP4 activation scale, else 1. */
 template <bool SCALE = false, typename F>
 __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
                               F f) {
@@ -35,8 +29,10 @@ __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L,
         const uint8_t *state = b + L.token_state;
         for (int j0 = 0; j0 < n; j0 += blockDim.x) {
             const int j = j0 + threadIdx.x;
-            const float scale = SCALE && sh.nvfp4 && j < n ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
             const bool match = j < n && ids[j] == expert && state[j / sh.K] == MM_TOKEN_LIVE;
+            /* Only a live token has a scale (the stage kernel writes none for padding or non-finite
+             * tokens): read it for the matching slots only. */
+            const float scale = SCALE && sh.nvfp4 && match ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
             f((src * sh.T_max) * sh.K + j, match, scale);
         }
     }
@@ -357,15 +353,12 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
 
 /* The forwards whose routing runs the one-kernel path, in the few-token regime of the NVFP4
  * streaming kernel (gemm_choice: <= 8 slots per expert), with more than one round of items per
- * block to even out (from 128 slots). MM_TILE_ORDER 0: never. */
-#ifndef MM_TILE_ORDER
-#define MM_TILE_ORDER 1
-#endif
+ * block to even out (from 128 slots). */
 static bool route_small(const mm_dev_shape &sh, long total_slots) {
     return sh.local_ranks == sh.R && total_slots <= ROUTE_SMALL_SLOTS && sh.E_r <= ROUTE_SMALL_EXPERTS;
 }
 bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
-    return MM_TILE_ORDER && sh.nvfp4 && !sm90_stage_routes(sh, total_slots) && route_small(sh, total_slots) &&
+    return sh.nvfp4 && route_small(sh, total_slots) &&
            total_slots >= 128 && total_slots <= 8L * sh.E;
 }
 
@@ -403,48 +396,3 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     return MEGAMOE_OK;
 }
 
-/* One warp per slot row of rank first_rank + blockIdx.y (rows walked by the grid): the row's H 16-bit
- * values (x_f16 for NVFP4, x for BF16) from the token's home rank to row `row` of xg (its scale is
- * the routing's slot_scale). The copies are exact, so y does not depend on whether a rank gathered. */
-#define GATHER_THREADS 256
-#define GATHER_UNROLL 4
-__global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                     uint8_t *const *peers) {
-    mm_wait_previous();
-    uint8_t *mine = peers[sh.first_rank + blockIdx.y];
-    if (!rank_gathered(sh, L, mine)) return; /* across GPUs: few slot rows, read where they are */
-    const int lane = threadIdx.x & 31, warps = GATHER_THREADS / 32;
-    const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r], chunks = sh.H / 8;
-    const uint64_t src_rows = gate_up_rows(sh, L, false); /* where the staged tokens are */
-    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < n; row += gridDim.x * warps) {
-        const slot_info si = decode_slot(sh, ((const int32_t *)(mine + L.slots))[row]);
-        const uint4 *src = (const uint4 *)(peers[si.src] + src_rows + (size_t)si.token * sh.H * 2);
-        uint4 *dst = (uint4 *)(mine + L.xg + (size_t)row * sh.H * 2);
-        for (int c0 = 0; c0 < chunks; c0 += 32 * GATHER_UNROLL) {
-            uint4 v[GATHER_UNROLL]; /* the loads in flight before the stores */
-#pragma unroll
-            for (int u = 0; u < GATHER_UNROLL; u++) {
-                const int c = c0 + 32 * u + lane;
-                if (c < chunks) v[u] = __ldg(src + c);
-            }
-#pragma unroll
-            for (int u = 0; u < GATHER_UNROLL; u++) {
-                const int c = c0 + 32 * u + lane;
-                if (c < chunks) dst[c] = v[u];
-            }
-        }
-    }
-}
-
-megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                  cudaStream_t s) {
-    int sms = 0;
-    MM_CUDA_TRY(mm_device_sms(&sms));
-    /* Enough warps for every slot row the rank can hold, at most 4 blocks per SM. */
-    const long rows = L.xg_rows, warps = GATHER_THREADS / 32;
-    const long want = (rows + warps - 1) / warps;
-    const dim3 grid((unsigned)(want < 4L * sms ? want : 4L * sms), sh.local_ranks);
-    MM_CUDA_TRY(mm_launch(sm90_gather_kernel, grid, GATHER_THREADS, 0, s, sh, L, peers));
-    MM_CUDA_TRY(cudaGetLastError());
-    return MEGAMOE_OK;
-}

@@ -4,31 +4,22 @@
  * of x for BF16. Bad expert ids are counted and the first (rank, token, slot) kept.
  * One block per token, a thread per 16-value block.
  */
-#include "sm90_route_few.cuh"
-#include "trace.cuh"
-
-#ifndef MM_STAGE_ROUTE_WARP
-#define MM_STAGE_ROUTE_WARP 1 /* a one-token forward of one rank routes in a warp of the stage block */
-#endif
+#include "launch.h"
+#include "ptx/barrier.cuh"
+#include "route.cuh"
 
 /* The staging threads: the whole block (RW false), or all but the last warp of a one-token forward
  * whose last warp routes (RW true: sm90_stage_kernel); theirs is then named barrier 1 over nq
  * threads. The RW-false instantiation is the plain block-barrier code. */
 template <bool RW> __device__ __forceinline__ void stage_sync(int nq) {
     if (RW)
-        asm volatile("bar.sync 1, %0;\n" ::"r"(nq) : "memory");
+        mm_bar_sync<1>(nq);
     else
         __syncthreads();
 }
 template <bool RW> __device__ __forceinline__ int stage_sync_and(int nq, int pred) {
     if (!RW) return __syncthreads_and(pred);
-    int r;
-    asm volatile("{\n.reg .pred p, q;\nsetp.ne.s32 p, %1, 0;\nbar.red.and.pred q, 1, %2, p;\nselp.s32 %0, 1, "
-                 "0, q;\n}\n"
-                 : "=r"(r)
-                 : "r"(pred), "r"(nq)
-                 : "memory");
-    return r;
+    return mm_bar_and<1>(nq, pred);
 }
 /* Max over the nq staging threads (a multiple of 32): warp maxima through scratch[32]. */
 template <bool RW> __device__ __forceinline__ float stage_max(float v, float *scratch /* [32] */, int nq) {
@@ -45,10 +36,12 @@ template <bool RW> __device__ __forceinline__ float stage_max(float v, float *sc
 
 /* A one-token forward's hand-off from the staging threads to the routing warp (named barrier 2 over
  * the whole block): whether the token is routed (live) and its activation scale. Every staging
- * thread passes it exactly once, on every path. bar.sync on both sides, not bar.arrive on the
- * staging side: compute-sanitizer's racecheck reported the arrive-then-read as 28 hazards (session
- * 13), and the routing warp reaches the barrier right after its ids load, long before the staging
- * threads (an x load and an amax reduction later), so the staging threads do not wait on it. */
+ * thread passes it exactly once, on one of three paths (a token past T, padding, the rest): the
+ * barrier is the non-aligned form (ptx/barrier.cuh), which a warp may reach from different call
+ * sites. A sync on both sides, not an arrive on the staging side: compute-sanitizer's racecheck
+ * reports the arrive-then-read as hazards, and the routing warp reaches the barrier right after its
+ * ids load, long before the staging threads (an x load and an amax reduction later), so the staging
+ * threads do not wait on it. */
 struct stage_handoff {
     int live;
     float scale;
@@ -60,7 +53,7 @@ __device__ __forceinline__ void stage_hand_over(stage_handoff *h, int nq, int li
         h->live = live;
         h->scale = scale;
     }
-    asm volatile("bar.sync 2, %0;\n" ::"r"(nq + 32) : "memory");
+    mm_bar_sync<2>(nq + 32);
 }
 
 /* h: the routing warp's hand-off (RW: a one-token forward with a routing warp), else unused. */
@@ -129,7 +122,6 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
     finite = stage_sync_and<RW>(nq, finite);
     amax = stage_max<RW>(amax, scratch, nq);
-    MM_KSTAMP(MM_K_STAGE, MM_KT_AMAX);
     stage_hand_over<RW>(h, nq, finite, sh.nvfp4 ? mm_activation_scale(amax) : 1.0f);
     if (!finite) {
         if (threadIdx.x == 0) state[t] = MM_TOKEN_POISONED;
@@ -167,24 +159,19 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
 }
 
-/* One block per token. route_blocks > 0 (one process, few slots): the blocks of every local rank's
- * stage launch count themselves done, and the last of all (route_blocks in total) builds the
- * routing tables (route_few_block), so no routing kernel runs. route_warp (a one-token forward of
- * one rank: route_blocks 1): the block's last warp builds them from the token's ids while the other
- * threads stage it (route_one_warp), instead of after them -- the routing block's ~2.8 us at
- * Qwen3-like T = 1 (session 12's trace) then overlaps the quantization's. */
+/* One block per token. RW (sm90_stage_routes: a one-token forward of one rank): the block's last
+ * warp builds the routing tables from the token's ids while the other threads stage it
+ * (route_one_warp), instead of a routing kernel after it: the routing then overlaps the
+ * quantization. */
 template <bool RW>
 __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *base, uint8_t *err_base,
-                                  int rank, mm_dev_rank_args a, uint8_t *const *peers, int route_blocks) {
-    MM_KSTAMP(MM_K_STAGE, MM_KT_ENTRY);
+                                  int rank, mm_dev_rank_args a) {
     mm_wait_previous();
-    MM_KSTAMP(MM_K_STAGE, MM_KT_WAITED);
     if (RW) {
         __shared__ stage_handoff handoff;
         const int nq = blockDim.x - 32;
         if ((int)threadIdx.x < nq) {
             stage_token<true>(sh, L, base, err_base, rank, a, nq, &handoff);
-            MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
             return;
         }
         /* The routing warp: the token's ids now (their latency beside the x loads), its liveness
@@ -192,67 +179,35 @@ __global__ void sm90_stage_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *
         const int lane = threadIdx.x & 31;
         int id = -1;
         if (a.T > 0 && lane < sh.K) id = a.ids[lane];
-        asm volatile("bar.sync 2, %0;\n" ::"r"(nq + 32) : "memory");
+        mm_bar_sync<2>(nq + 32);
         route_one_warp(sh, L, base, handoff.live ? id : -1, handoff.scale);
         return;
     }
-    /* Few slots, more than one token (decode): this launch is a handful of blocks, all resident at
-     * once, so the next kernel's blocks may be scheduled now -- they enter and wait (mm_wait_previous)
-     * for this one's end while it quantizes and routes. Not for one token: measured 16% slower at
-     * Qwen3-like T = 1; 1.6-3.2% faster at Mixtral- and DSv3-like T = 8 (H200, session 12;
-     * DECISIONS 70). */
-    if (route_blocks > 1) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     stage_token<false>(sh, L, base, err_base, rank, a, blockDim.x, NULL);
-    MM_KSTAMP(MM_K_STAGE, MM_KT_MID);
-    if (route_blocks == 0) return;
-    if (route_blocks == 1) {
-        /* The only block (one token on one rank): no other block to count, and its own staged bytes
-         * are visible to all its threads after the barrier -- no fence, no returning atomic. */
-        __syncthreads();
-    } else {
-        __shared__ int last;
-        __syncthreads(); /* the block's staged bytes before thread 0's release */
-        if (threadIdx.x == 0) {
-            unsigned *arrivals = (unsigned *)(err_base + L.stage_arrivals);
-            mm_fence_acq_rel_gpu(); /* release: the staged bytes before the arrival */
-            last = atomicAdd(arrivals, 1u) == (unsigned)route_blocks - 1;
-            if (last) {
-                *arrivals = 0;          /* ready for the next forward */
-                mm_fence_acq_rel_gpu(); /* acquire: every block's staged bytes after the arrivals */
-            }
-        }
-        __syncthreads();
-        if (!last) return;
-    }
-    extern __shared__ int hist[];
-    route_few_block(sh, L, peers, hist);
-    MM_KSTAMP(MM_K_STAGE, MM_KT_EXIT);
 }
 
-#if MM_STREAM_TRACE
-cudaError_t sm90_stage_trace_bind(unsigned long long *table) { return mm_ktrace_bind_here(table); }
-#endif
+/* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
+static int stage_threads(const mm_dev_shape &sh) {
+    const int nb = sh.H / 16;
+    return nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
+}
 
 megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *base,
-                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a,
-                                 uint8_t *const *peers, int route_blocks, cudaStream_t s) {
+                                 uint8_t *err_base, int rank, const mm_dev_rank_args &a, bool route_warp,
+                                 cudaStream_t s) {
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
-    /* A thread per 16-value block (448 for H = 7168), at least 64 and at most 1024. */
-    const int nb = sh.H / 16, threads = nb < 64 ? 64 : nb > 1024 ? 1024 : (nb + 31) / 32 * 32;
-    /* One token of one rank: a routing warp beside the staging threads (route_one_warp's bounds). */
-    const bool route_warp = MM_STAGE_ROUTE_WARP && route_blocks == 1 && sh.R == 1 && sh.K <= 32 &&
-                            sh.E_r <= ROUTE_WARP_EXPERTS && threads + 32 <= 1024;
-    const size_t smem = route_blocks > 0 && !route_warp ? (size_t)sh.E_r * sizeof(int) : 0;
+    const int threads = stage_threads(sh);
     if (route_warp)
-        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, smem, s, sh, L, base, err_base,
-                              rank, a, peers, route_blocks));
+        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, 0, s, sh, L, base, err_base, rank, a));
     else
-        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, smem, s, sh, L, base, err_base, rank,
-                              a, peers, route_blocks));
+        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-bool sm90_stage_routes(const mm_dev_shape &sh, long total_slots) {
-    return sh.local_ranks == sh.R && total_slots <= ROUTE_FEW_SLOTS && sh.E_r <= ROUTE_FEW_EXPERTS;
+/* One token in the whole group, one rank, in one process: route_one_warp's bounds (K lanes, a pass
+ * of 32 experts per lane round, a warp more in the block). */
+bool sm90_stage_routes(const mm_dev_shape &sh, int total_tokens) {
+    return sh.local_ranks == sh.R && sh.R == 1 && total_tokens <= 1 && sh.K <= 32 &&
+           sh.E_r <= ROUTE_WARP_EXPERTS && stage_threads(sh) + 32 <= 1024;
 }

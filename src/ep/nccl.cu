@@ -3,21 +3,19 @@
  * communication buffer of SPEC §7 comes from ncclMemAlloc, registered as a symmetric window; every
  * rank's base address in every peer's view is read on the device with ncclGetLsaPointer into the
  * same peer table the single-GPU backend uses, so all kernels are shared. Cross-rank ordering comes
- * from sm90_barrier (bounded waits), inserted by the forward when the backend is NCCL.
+ * from sm90_barrier (bounded waits), inserted by the forward when the backend is NCCL. The LSA
+ * pointers need only the window (ncclGetLsaPointer); no device communicator is created, since the
+ * library's own barrier (with its timeout) replaces NCCL's device-side barriers.
  * Built against NCCL >= 2.28 (device API); see docs/DECISIONS.md on the headers and library.
  */
 #include <nccl.h>
 #include <nccl_device.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "../cuda/common.cuh"
+#include "../cuda/common.cuh" /* device_scope, mm_launch, MM_CUDA_TRY */
 
 struct mm_nccl_buffer {
     ncclWindow_t window;
-    ncclDevComm dev_comm;
-    int have_dev_comm;
 };
 
 static megamoe_status nccl_fail(megamoe_group *g, ncclResult_t r, const char *what) {
@@ -61,69 +59,58 @@ __global__ void mm_fill_peer_table(ncclWindow_t window, const int *lsa_rank, int
     for (int p = threadIdx.x; p < R; p += blockDim.x) table[p] = (uint8_t *)ncclGetLsaPointer(window, 0, lsa_rank[p]);
 }
 
-extern "C" megamoe_status mm_nccl_buffer_alloc(megamoe_group *g, mm_buffer *b) {
+/* The peer table of buffer b: rank p's buffer as this GPU sees it, for every rank p. */
+static megamoe_status fill_peer_table(megamoe_group *g, mm_buffer *b, ncclWindow_t window) {
     const int R = g->world_size;
-    int previous = -1;
-    cudaGetDevice(&previous);
-    cudaSetDevice(mm_cuda_group_device(g)); /* ncclMemAlloc and the window live on the group's GPU */
-    mm_nccl_buffer *nb = (mm_nccl_buffer *)calloc(1, sizeof *nb);
     int *lsa_host = (int *)calloc((size_t)R, sizeof(int));
+    if (!lsa_host) return MEGAMOE_ERR_OUT_OF_MEMORY;
+    const ncclTeam_t world = ncclTeamWorld(comm_of(g));
+    for (int p = 0; p < R; p++) lsa_host[p] = ncclTeamRankToLsa(comm_of(g), world, p);
     int *lsa_dev = NULL;
+    auto fill = [&]() -> megamoe_status {
+        MM_CUDA_TRY(cudaMalloc((void **)&lsa_dev, sizeof(int) * (size_t)R));
+        MM_CUDA_TRY(cudaMalloc(&b->peer_table, sizeof(void *) * (size_t)R));
+        MM_CUDA_TRY(cudaMemcpy(lsa_dev, lsa_host, sizeof(int) * (size_t)R, cudaMemcpyHostToDevice));
+        MM_CUDA_TRY(mm_launch(mm_fill_peer_table, 1, 128, 0, (cudaStream_t)0, window, (const int *)lsa_dev, R,
+                              (uint8_t **)b->peer_table));
+        MM_CUDA_TRY(cudaDeviceSynchronize());
+        return MEGAMOE_OK;
+    };
+    const megamoe_status st = fill();
+    if (st != MEGAMOE_OK) mm_set_error(g->error, "peer table: %s", mm_cuda_last_message());
+    cudaFree(lsa_dev);
+    free(lsa_host);
+    return st;
+}
+
+extern "C" megamoe_status mm_nccl_buffer_alloc(megamoe_group *g, mm_buffer *b) {
+    device_scope scope(mm_cuda_group_device(g)); /* ncclMemAlloc and the window live on the group's GPU */
+    mm_nccl_buffer *nb = (mm_nccl_buffer *)calloc(1, sizeof *nb);
+    if (!nb) return MEGAMOE_ERR_OUT_OF_MEMORY;
+    b->backend = nb;
     megamoe_status st = MEGAMOE_OK;
-    if (!nb || !lsa_host) st = MEGAMOE_ERR_OUT_OF_MEMORY;
-    ncclResult_t r = ncclSuccess;
-    if (st == MEGAMOE_OK && (r = ncclMemAlloc(&b->rank_base[0], (size_t)b->layout.total)) != ncclSuccess)
-        st = nccl_fail(g, r, "ncclMemAlloc(communication buffer)");
-    if (st == MEGAMOE_OK) st = mm_cuda_buffer_init(g, b);
+    ncclResult_t r = ncclMemAlloc(&b->rank_base[0], (size_t)b->layout.total);
+    if (r != ncclSuccess) st = nccl_fail(g, r, "ncclMemAlloc(communication buffer)");
+    if (st == MEGAMOE_OK && (st = mm_cuda_buffer_init(g, b)) != MEGAMOE_OK)
+        mm_set_error(g->error, "%s", mm_cuda_last_message());
     /* Collective: every rank registers its buffer as one symmetric window. */
     if (st == MEGAMOE_OK &&
         (r = ncclCommWindowRegister(comm_of(g), b->rank_base[0], (size_t)b->layout.total, &nb->window,
                                     NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess)
         st = nccl_fail(g, r, "ncclCommWindowRegister");
-    if (st == MEGAMOE_OK) {
-        ncclDevCommRequirements reqs;
-        memset(&reqs, 0, sizeof reqs);
-        if ((r = ncclDevCommCreate(comm_of(g), &reqs, &nb->dev_comm)) != ncclSuccess)
-            st = nccl_fail(g, r, "ncclDevCommCreate");
-        else nb->have_dev_comm = 1;
-    }
-    if (st == MEGAMOE_OK) {
-        const ncclTeam_t world = ncclTeamWorld(comm_of(g));
-        for (int p = 0; p < R; p++) lsa_host[p] = ncclTeamRankToLsa(comm_of(g), world, p);
-        cudaError_t err = cudaMalloc((void **)&lsa_dev, sizeof(int) * (size_t)R);
-        if (err == cudaSuccess) err = cudaMalloc(&b->peer_table, sizeof(void *) * (size_t)R);
-        if (err == cudaSuccess) err = cudaMemcpy(lsa_dev, lsa_host, sizeof(int) * (size_t)R, cudaMemcpyHostToDevice);
-        if (err == cudaSuccess) {
-            mm_fill_peer_table<<<1, 128>>>(nb->window, lsa_dev, R, (uint8_t **)b->peer_table);
-            err = cudaGetLastError();
-        }
-        if (err == cudaSuccess) err = cudaDeviceSynchronize();
-        if (err != cudaSuccess) {
-            mm_cuda_error(err, "peer table", __FILE__, __LINE__);
-            mm_set_error(g->error, "%s", mm_cuda_last_message());
-            st = MEGAMOE_ERR_CUDA;
-        }
-    }
-    cudaFree(lsa_dev);
-    free(lsa_host);
-    b->backend = nb;
+    if (st == MEGAMOE_OK) st = fill_peer_table(g, b, nb->window);
     if (st != MEGAMOE_OK) mm_nccl_buffer_free(g, b);
-    if (previous >= 0) cudaSetDevice(previous);
     return st;
 }
 
 extern "C" void mm_nccl_buffer_free(megamoe_group *g, mm_buffer *b) {
     mm_nccl_buffer *nb = (mm_nccl_buffer *)b->backend;
-    int previous = -1;
-    cudaGetDevice(&previous);
-    cudaSetDevice(mm_cuda_group_device(g));
+    device_scope scope(mm_cuda_group_device(g));
     cudaFree(b->peer_table);
     b->peer_table = NULL;
-    if (nb && nb->have_dev_comm) ncclDevCommDestroy(comm_of(g), &nb->dev_comm);
     if (nb && nb->window) ncclCommWindowDeregister(comm_of(g), nb->window);
     if (b->rank_base[0]) ncclMemFree(b->rank_base[0]);
     b->rank_base[0] = NULL;
     free(nb);
     b->backend = NULL;
-    if (previous >= 0) cudaSetDevice(previous);
 }

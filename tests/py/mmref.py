@@ -129,9 +129,12 @@ def quantize_weight(w_bf16):
 
 # ---- the layer, float64 ---------------------------------------------------------------------------
 
-def reference_layer(model, x_bf16, ids, weights, padding=None, norm_eps=1e-6, clamp=0.0, gamma=None):
+def reference_layer(model, x_bf16, ids, weights, padding=None, norm_eps=1e-6, clamp=0.0, gamma=None,
+                    activations="bf16"):
     """SPEC §1-5 in float64 (quantizers in float32 as the SPEC demands). Returns y f64 [T, H]
-    before the final bf16 rounding, with NaN rows for non-finite tokens."""
+    before the final bf16 rounding, with NaN rows for non-finite tokens. `activations` is an NVFP4
+    layer's setting (SPEC §3b): "bf16" (the default, never quantized) or "nvfp4" (§3)."""
+    assert activations in ("bf16", "nvfp4")
     T, H = x_bf16.shape
     K = ids.shape[1]
     E = model["E"]
@@ -140,7 +143,8 @@ def reference_layer(model, x_bf16, ids, weights, padding=None, norm_eps=1e-6, cl
     finite = np.isfinite(x).all(axis=1)
     y = np.zeros((T, H), dtype=np.float64)
     nvfp4 = model["format"] == "nvfp4"
-    if nvfp4:
+    qact = nvfp4 and activations == "nvfp4"
+    if qact:
         xs = np.where(finite, activation_scale(np.where(np.isfinite(x), x, 0)), F32(1))
         _, _, xq = quantize_blocks(np.where(np.isfinite(x), x, 0), xs[:, None])
         xhat = xq * xs[:, None].astype(np.float64)
@@ -166,10 +170,12 @@ def reference_layer(model, x_bf16, ids, weights, padding=None, norm_eps=1e-6, cl
             g = np.minimum(g, clamp)
             u = np.clip(u, -clamp, clamp)
         a = g / (1 + np.exp(-g)) * u
-        if nvfp4:
+        if qact:
             a2 = F32(model["w2_in"][e])
             _, _, aq = quantize_blocks(a.astype(F32), np.full((a.shape[0], 1), a2, dtype=F32))
             p = float(model["w2_s2"][e]) * (aq * float(a2)) @ w2.T
+        elif nvfp4:
+            p = float(model["w2_s2"][e]) * bf16_round(a) @ w2.T
         else:
             p = bf16_round(a) @ w2.T
         if gamma is not None:

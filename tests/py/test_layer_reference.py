@@ -1,5 +1,6 @@
 """The whole layer: `megamoe run` on checkpoints and inputs written by the safetensors package,
-against the float64 reference of mmref.py, in both formats, every naming style, R = 1, 2, 4."""
+against the float64 reference of mmref.py, in both formats (NVFP4 in both activation modes, SPEC §3b),
+every naming style, R = 1, 2, 4."""
 import zlib
 
 import numpy as np
@@ -7,7 +8,13 @@ import pytest
 
 import mmref as mr
 
-TOL = {"nvfp4": 5e-3, "bf16": 5e-4}
+# Keys: "bf16" (BF16 weights), "nvfp4" (NVFP4 weights and activations, SPEC §3), "w4a16" (NVFP4
+# weights, BF16 activations, §3b: the bf16 layer's arithmetic on decoded weights, so its bound).
+TOL = {"nvfp4": 5e-3, "bf16": 5e-4, "w4a16": 5e-4}
+
+
+def tol_key(fmt, activations):
+    return "w4a16" if fmt == "nvfp4" and activations == "bf16" else fmt
 
 
 def check_rows(y, x, ids, pad):
@@ -23,6 +30,8 @@ def check_rows(y, x, ids, pad):
 
 def run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2, 4), prefix="model.layers.0.mlp.experts_layer",
               extra=(), gamma=None, eps=1e-6, clamp=0.0, shards=0, scalar_shape=()):
+    """Runs the checkpoint with `megamoe run` for each R (an NVFP4 model in both activation modes) and
+    checks y against the float64 reference; returns the errors by activation mode."""
     tensors = mr.checkpoint_tensors(model, prefix, style, scalar_shape)
     tensors["model.embed_tokens.weight"] = np.zeros((4, 8), dtype=np.float32)  # an unrelated tensor
     if shards:
@@ -33,24 +42,29 @@ def run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2, 4), prefix="m
         mr.st_save(ckpt, tensors)
     inp = tmp_path / "inputs.safetensors"
     mr.write_inputs(inp, x, ids, w, pad)
-    ref = mr.reference_layer(model, x, ids, w, pad, norm_eps=eps, clamp=clamp,
-                             gamma=gamma if gamma is not None else model["norm"])
-    ys = []
-    for R in ranks:
-        out = tmp_path / f"y{R}.safetensors"
-        mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, "--ranks", R, *extra)
-        y = mr.st_load(out)["y"]
-        assert y.dtype == mr.BF16 and y.shape == x.shape
-        ys.append(y)
-    for y in ys[1:]:
-        assert y.view(np.uint16).tobytes() == ys[0].view(np.uint16).tobytes(), "y depends on R"
-    check_rows(ys[0], x, ids, pad)
-    live = np.isfinite(ref).all(axis=1)
-    # SPEC §5 ends with y = bf16_rn(sum): the reference takes that last rounding too.
-    err = mr.rel_l2(ys[0].astype(np.float64)[live], mr.bf16_round(ref[live]))
-    assert err <= TOL[model["format"]], f"relative L2 {err:.2e} over {TOL[model['format']]}"
-    print(f"rel_l2 {model['format']} {style}: {err:.2e}")
-    return err
+    errs = {}
+    for act in (["bf16", "nvfp4"] if model["format"] == "nvfp4" else ["bf16"]):
+        ref = mr.reference_layer(model, x, ids, w, pad, norm_eps=eps, clamp=clamp,
+                                 gamma=gamma if gamma is not None else model["norm"], activations=act)
+        ys = []
+        for R in ranks:
+            out = tmp_path / f"y{R}.safetensors"
+            mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, "--ranks", R,
+                       "--activations", act, *extra)
+            y = mr.st_load(out)["y"]
+            assert y.dtype == mr.BF16 and y.shape == x.shape
+            ys.append(y)
+        for y in ys[1:]:
+            assert y.view(np.uint16).tobytes() == ys[0].view(np.uint16).tobytes(), "y depends on R"
+        check_rows(ys[0], x, ids, pad)
+        live = np.isfinite(ref).all(axis=1)
+        # SPEC §5 ends with y = bf16_rn(sum): the reference takes that last rounding too.
+        err = mr.rel_l2(ys[0].astype(np.float64)[live], mr.bf16_round(ref[live]))
+        tol = TOL[tol_key(model["format"], act)]
+        assert err <= tol, f"relative L2 {err:.2e} over {tol} ({model['format']}, activations {act})"
+        print(f"rel_l2 {model['format']} activations {act} {style}: {err:.2e}")
+        errs[act] = err
+    return errs
 
 
 @pytest.mark.parametrize("fmt,style", [
@@ -120,3 +134,19 @@ def test_empty_input(tmp_path):
     mr.run_cli("run", "--checkpoint", tmp_path / "m.safetensors", "--input", tmp_path / "in.safetensors",
                "--output", tmp_path / "y.safetensors", "--ranks", 2)
     assert mr.st_load(tmp_path / "y.safetensors")["y"].shape == (0, H)
+
+
+def test_activations_option(tmp_path):
+    """SPEC §3b: a BF16-weight layer refuses nvfp4 activations, naming the rule; a bad value is a usage error."""
+    E, K, H, I, T = 4, 2, 256, 256, 8
+    model = mr.random_model("bf16", E, H, I, seed=14)
+    mr.st_save(tmp_path / "m.safetensors", mr.checkpoint_tensors(model, "moe", "stacked"))
+    x, ids, w, pad = mr.random_inputs(T, K, H, E, seed=15)
+    mr.write_inputs(tmp_path / "in.safetensors", x, ids, w, pad)
+    args = ("run", "--checkpoint", tmp_path / "m.safetensors", "--input", tmp_path / "in.safetensors",
+            "--output", tmp_path / "y.safetensors")
+    p = mr.run_cli(*args, "--activations", "nvfp4", check=False)
+    assert p.returncode == 1 and "BF16-weight layer accepts only BF16" in p.stderr, p.stderr
+    p = mr.run_cli(*args, "--activations", "fp8", check=False)
+    assert p.returncode != 0 and "fp8" in p.stderr, p.stderr
+    mr.run_cli(*args, "--activations", "bf16")

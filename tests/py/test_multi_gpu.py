@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import mmref as mr
-from test_layer_reference import TOL, check_rows
+from test_layer_reference import TOL, check_rows, tol_key
 
 # The GPU's y against the float64 reference: the CPU backend's bounds (TOL), but BF16 at 1e-3 rather
 # than 5e-4 -- tensor-core f32 accumulation differs from float64 a little more than the CPU's ordered
 # f32 sums, and a = bf16_rn(...) turns a difference d into about sqrt(d * 2^-8) in y (measured 5.4e-4
 # at H = I = 2048; docs/TESTING.md "Tolerances").
-TOL_GPU = {**TOL, "bf16": 1e-3}
+TOL_GPU = {**TOL, "bf16": 1e-3, "w4a16": 1e-3}
 
 
 def visible_gpus():
@@ -34,25 +34,34 @@ pytestmark = pytest.mark.skipif(GPUS < 2, reason=f"no 2 GPUs here ({GPUS} visibl
 GPU_COUNTS = tuple(n for n in (1, 2, 4, 8) if n <= max(GPUS, 2))
 
 
+# The activation modes an NVFP4 model runs in on the device backends (SPEC §3b).
+NVFP4_ACTIVATIONS = ("nvfp4",)
+
+
 def run_all(tmp_path, model, x, ids, w, pad, gpu_counts=GPU_COUNTS):
-    """y from the CUDA backend on one GPU and from --gpus N for each N; all must be bitwise equal."""
+    """y from the CUDA backend on one GPU and from --gpus N for each N; all must be bitwise equal (for an
+    NVFP4 model in each activation mode)."""
     ckpt, inp = tmp_path / "model.safetensors", tmp_path / "inputs.safetensors"
     mr.st_save(ckpt, mr.checkpoint_tensors(model, "", "stacked"))
     mr.write_inputs(inp, x, ids, w, pad)
-    out = tmp_path / "cuda.safetensors"
-    mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, "--backend", "cuda")
-    y_ref = mr.st_load(out)["y"]
-    for n in gpu_counts:
-        out = tmp_path / f"gpus{n}.safetensors"
-        mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, "--gpus", n)
-        y = mr.st_load(out)["y"]
-        assert y.shape == x.shape
-        assert y.view(np.uint16).tobytes() == y_ref.view(np.uint16).tobytes(), f"--gpus {n} differs from one GPU"
-    check_rows(y_ref, x, ids, pad)
-    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"])
-    live = np.isfinite(ref).all(axis=1)
-    err = mr.rel_l2(y_ref.astype(np.float64)[live], mr.bf16_round(ref[live]))
-    assert err <= TOL_GPU[model["format"]], f"relative L2 {err:.2e} over {TOL_GPU[model['format']]}"
+    for act in (NVFP4_ACTIVATIONS if model["format"] == "nvfp4" else ("bf16",)):
+        out = tmp_path / "cuda.safetensors"
+        mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, "--backend", "cuda",
+                   "--activations", act)
+        y_ref = mr.st_load(out)["y"]
+        for n in gpu_counts:
+            out = tmp_path / f"gpus{n}.safetensors"
+            mr.run_cli("run", "--checkpoint", ckpt, "--input", inp, "--output", out, "--gpus", n,
+                       "--activations", act)
+            y = mr.st_load(out)["y"]
+            assert y.shape == x.shape
+            assert y.view(np.uint16).tobytes() == y_ref.view(np.uint16).tobytes(), f"--gpus {n} differs from one GPU"
+        check_rows(y_ref, x, ids, pad)
+        ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"], activations=act)
+        live = np.isfinite(ref).all(axis=1)
+        err = mr.rel_l2(y_ref.astype(np.float64)[live], mr.bf16_round(ref[live]))
+        tol = TOL_GPU[tol_key(model["format"], act)]
+        assert err <= tol, f"relative L2 {err:.2e} over {tol} ({model['format']}, activations {act})"
     return y_ref
 
 

@@ -1,53 +1,18 @@
 /*
- * sm90_async.cuh -- the mbarrier and bulk-copy (cp.async.bulk: TMA 1D, and 2D through a tensor map)
- * primitives of the streaming and warp-specialized GEMM kernels, shared with the experiments of dev/.
- * Shared memory at CTA scope; an arrive releases and a wait acquires (PTX defaults).
+ * ptx/bulk_copy.cuh -- the bulk copy engine (TMA): 1D copies global -> shared completed on an
+ * mbarrier's transaction count, 1D stores shared -> global in bulk async-groups, 2D loads through a
+ * tensor map, and the host encoder of the 16-bit tile maps.
  */
-#ifndef MEGAMOE_SM90_ASYNC_CUH
-#define MEGAMOE_SM90_ASYNC_CUH
+#ifndef MEGAMOE_PTX_BULK_COPY_CUH
+#define MEGAMOE_PTX_BULK_COPY_CUH
 
 #include <cuda.h> /* CUtensorMap; the encoder comes through the runtime's driver entry point (no -lcuda) */
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-__device__ __forceinline__ uint32_t mm_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+#include "mbarrier.cuh" /* mm_smem_u32 */
 
-__device__ __forceinline__ void mm_mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(count));
-}
-/* After the initializing thread's inits, before the block barrier that publishes them. */
-__device__ __forceinline__ void mm_mbar_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-/* Arrives, expecting `bytes` more of asynchronous copies before the phase can complete. */
-__device__ __forceinline__ void mm_mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mm_mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mm_smem_u32(b)) : "memory");
-}
-/* Waits until the phase of the given parity has completed. */
-__device__ __forceinline__ void mm_mbar_wait_parity(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(mm_smem_u32(b)),
-                 "r"(parity)
-                 : "memory");
-}
-/* Arrives and returns the phase state, then waits for that phase (the cuda::barrier way). */
-__device__ __forceinline__ uint64_t mm_mbar_arrive_state(uint64_t *b) {
-    uint64_t state;
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];\n" : "=l"(state) : "r"(mm_smem_u32(b)) : "memory");
-    return state;
-}
-__device__ __forceinline__ void mm_mbar_wait_state(uint64_t *b, uint64_t state) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(mm_smem_u32(b)),
-                 "l"(state)
-                 : "memory");
-}
 /* bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory, counted
  * on the mbarrier's transaction count. */
 __device__ __forceinline__ void mm_bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
@@ -101,4 +66,4 @@ static inline CUresult mm_tile_map_16bit(CUtensorMap *m, void *base, uint64_t ro
                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-#endif /* MEGAMOE_SM90_ASYNC_CUH */
+#endif /* MEGAMOE_PTX_BULK_COPY_CUH */

@@ -1,5 +1,5 @@
 /*
- * sm90_expert_gemm.cu -- the two expert GEMMs of SPEC §3-4 over the token tiles of every local
+ * sm90_expert_mma.cu -- the two expert GEMMs of SPEC §3-4 over the token tiles of every local
  * expert when the experts have few tokens (decode; sm90_expert_wgmma.cu takes many), on the tensor
  * cores (mma.sync m16n8k16, f32 accumulation), with split-K when the tiles cannot fill the GPU;
  * weights stream through a cp.async ring per warp in the fragment order the finalize step packed
@@ -16,7 +16,10 @@
  * Activations are staged in shared memory (double-buffered) as exact f16 code * scale (NVFP4) or
  * bf16, one 64-wide K step per block barrier, or four when the tile has at most 16 tokens.
  */
-#include "sm90_gemm_common.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/fragments.cuh"
+#include "gemm/splitk.cuh"
+#include "launch.h"
 
 #define WARPS 4
 #define BN MM_TILE_TOKENS       /* tokens per tile */
@@ -24,20 +27,7 @@
 #define ROWS_PER_BLOCK (WARPS * GROUPS_PER_WARP * 16)
 
 static_assert(BN == 64 && BK == 64, "tile shape");
-
-__device__ __forceinline__ void mma16816(float *d, const uint32_t *a, uint32_t b0, uint32_t b1, bool bf16) {
-    if (bf16) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-}
+static_assert(ROWS_PER_BLOCK == MM_MMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
 
 /* NVFP4 weights travel through a per-warp ring of STAGES shared-memory slots filled by cp.async: the
  * copies in flight hold no registers, so more of them fit. Eight stages keep ~97 KB in flight per SM
@@ -203,7 +193,7 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                     for (int q = 0; q < GROUPS_PER_WARP; q++) {
                         float *d = &acc[q][nt * 4];
                         if constexpr (promote) d = &part[q][nt * 4];
-                        mma16816(d, a[q], b0, b1, !nvfp4);
+                        mma_m16n8k16<!nvfp4>(d, a[q], b0, b1);
                     }
                 }
             }
@@ -229,8 +219,6 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                                 lane);
 }
 
-/* The mma.sync kernel of one phase. The split-K epilogue is a separate instantiation so the plain
- * one keeps its registers. */
 template <int PH, bool NV>
 static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                  uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
@@ -242,79 +230,15 @@ static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, cons
     return MEGAMOE_OK;
 }
 
-/* One phase: the few-token kernel `kernel` names (mma.sync or streaming), then wgmma when `wgmma`
- * (with wsp K splits per rank in its grid, NVFP4), then the warp-specialized kernels when `ws64`
- * (64-token blocks) and `ws`. */
-template <int PH>
-static megamoe_status launch_phase(int kernel, bool wgmma, bool ws64, bool ws, int wsp, dim3 grid, int sp, int tiles,
-                                   long slots, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                   uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int force,
-                                   cudaStream_t s) {
-    megamoe_status st = MEGAMOE_OK;
-    if (kernel == GEMM_MMA)
-        st = sh.nvfp4 ? launch_mma<PH, true>(grid, sp, sh, L, peers, weights, force, s)
-                      : launch_mma<PH, false>(grid, sp, sh, L, peers, weights, force, s);
-    if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
-    if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
-    if (st == MEGAMOE_OK && ws64) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 64, force, s);
-    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 128, force, s);
-    return st;
-}
-
-megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh_in, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens, int force,
-                                       cudaStream_t s) {
-    if (L.max_tiles <= 0) return MEGAMOE_OK;
-    mm_dev_shape sh = sh_in; /* gathered: decided below */
-    /* Single process: the host knows the group's token count and plans exactly as the kernels will.
-     * NCCL: it knows only its own count, a lower bound of the group's, so it launches the most splits
-     * the kernels may plan for any count from there up, the bound of tiles sized for T_max, and each
-     * GEMM kernel unless the bounds rule it out; the kernels keep what the group's count plans. */
-    const bool nccl = sh.local_ranks < sh.R;
-    const long slots = (long)total_tokens * sh.K;
-    const int y_gate_up = 2 * sh.I / ROWS_PER_BLOCK, y_down = sh.H / ROWS_PER_BLOCK;
-    const splitk_plan p1 = plan_splitk(slots, sh.E, y_gate_up, sh.H / BK), p2 = plan_splitk(slots, sh.E, y_down, sh.I / BK);
-    const int w1 = splitk_wanted(slots, sh.E, y_gate_up, sh.H / BK), w2 = splitk_wanted(slots, sh.E, y_down, sh.I / BK);
-    const int sp1 = nccl ? (w1 > 1 ? w1 : 1) : p1.splits, sp2 = nccl ? (w2 > 1 ? w2 : 1) : p2.splits;
-    /* A rank has at most ws_tiles tiles: launching max_tiles (sized for T_max) would schedule
-     * thousands of blocks that only read the tile count and exit, ~0.2 ms at T = 1. */
-    const int tiles = nccl || L.max_tiles < p1.ws_tiles ? L.max_tiles : p1.ws_tiles;
-    if (tiles <= 0) return MEGAMOE_OK;
-    const dim3 grid_gate_up(tiles, y_gate_up, sh.local_ranks * sp1), grid_down(tiles, y_down, sh.local_ranks * sp2);
-    /* Which kernel runs each phase: exactly as the kernels will decide in one process. With NCCL a
-     * kernel is launched unless ruled out (the others leave at once): the few-token kernel (mma.sync,
-     * or the streaming kernel for NVFP4) when wgmma is certain (this rank's count already plans one
-     * split and reaches the threshold), wgmma when even every rank at T_max stays under it. */
-    const bool nv = sh.nvfp4 != 0;
-    const int mk = sh.H < sh.I ? sh.H : sh.I;
-    const int k1 = gemm_choice(force, slots, sh.E, sp1, nv, mk), k2 = gemm_choice(force, slots, sh.E, sp2, nv, mk);
-    /* NCCL: the kernels from this rank's choice up to the choice at every rank's T_max (gemm_rank). */
-    const int top = gemm_rank(gemm_choice(force, (long)sh.R * sh.T_max * sh.K, sh.E, 1, nv, mk));
-    const bool wg1 = nccl ? gemm_rank(k1) <= 1 && top >= 1 : k1 == GEMM_WGMMA;
-    const bool wg2 = nccl ? gemm_rank(k2) <= 1 && top >= 1 : k2 == GEMM_WGMMA;
-    const bool w64_1 = nccl ? gemm_rank(k1) <= 2 && top >= 2 : k1 == GEMM_WS64;
-    const bool w64_2 = nccl ? gemm_rank(k2) <= 2 && top >= 2 : k2 == GEMM_WS64;
-    const bool ws1 = nccl ? top >= 3 : k1 == GEMM_WS, ws2 = nccl ? top >= 3 : k2 == GEMM_WS;
-    /* The wgmma kernel's K splits (NVFP4), planned like the mma.sync kernel's. */
-    const int wy1 = 2 * sh.I / MM_WGMMA_ROWS, wy2 = sh.H / MM_WGMMA_ROWS;
-    const int wsp1 = nccl ? wgmma_splits_wanted(slots, sh.E, wy1, sh.H / BK) : plan_wgmma_splits(slots, sh.E, wy1, sh.H / BK).splits;
-    const int wsp2 = nccl ? wgmma_splits_wanted(slots, sh.E, wy2, sh.I / BK) : plan_wgmma_splits(slots, sh.E, wy2, sh.I / BK).splits;
-    /* The gate/up input in slot order (L.xg, where the layout holds it): always across GPUs (a remote
-     * row then crosses NVLink once, not once per row block), and in one process when the
-     * warp-specialized kernels take gate/up (their token tile is then one TMA box per K step).
-     * Measured (H200, session 8 call 3, NVFP4, one GPU, gathered / not): Mixtral T = 2048 3.46 / 3.69
-     * ms, T = 8192 12.50 / 13.41; DSv3 T = 8192 16.69 / 17.06. The copy is exact: y is the same. */
-    sh.gathered = L.xg != 0 && (nccl || k1 == GEMM_WS || k1 == GEMM_WS64);
-    megamoe_status st = sh.gathered ? sm90_gather_launch(sh, L, peers, s) : MEGAMOE_OK;
-    if (st == MEGAMOE_OK)
-        st = launch_phase<PHASE_GATE_UP>(k1, wg1, w64_1, ws1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L, peers, base0,
-                                         weights, force, s);
-    if (st == MEGAMOE_OK)
-        st = launch_phase<PHASE_DOWN>(k2, wg2, w64_2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, base0,
-                                      weights, force, s);
-    if (st != MEGAMOE_OK) return st;
-    MM_CUDA_TRY(cudaGetLastError());
-    return MEGAMOE_OK;
+/* The mma.sync kernel of one phase. The split-K epilogue is a separate instantiation so the plain
+ * one keeps its registers. */
+megamoe_status sm90_expert_mma_launch(int phase, dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                      uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
+    if (phase == PHASE_GATE_UP)
+        return sh.nvfp4 ? launch_mma<PHASE_GATE_UP, true>(grid, sp, sh, L, peers, weights, force, s)
+                        : launch_mma<PHASE_GATE_UP, false>(grid, sp, sh, L, peers, weights, force, s);
+    return sh.nvfp4 ? launch_mma<PHASE_DOWN, true>(grid, sp, sh, L, peers, weights, force, s)
+                    : launch_mma<PHASE_DOWN, false>(grid, sp, sh, L, peers, weights, force, s);
 }
 
 /* The NVFP4 kernels take more than 48 KB of shared memory (the weight ring is dynamic): the opt-in is
@@ -327,11 +251,8 @@ static megamoe_status prepare_one() {
     return MEGAMOE_OK;
 }
 
-megamoe_status sm90_expert_gemm_prepare() {
-    megamoe_status st = sm90_expert_wgmma_prepare();
-    if (st == MEGAMOE_OK) st = sm90_expert_ws_prepare();
-    if (st == MEGAMOE_OK) st = sm90_expert_stream_prepare();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, false>();
+megamoe_status sm90_expert_mma_prepare() {
+    megamoe_status st = prepare_one<PHASE_GATE_UP, true, false>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, true>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, false>();
     if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, true>();
