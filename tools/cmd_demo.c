@@ -135,7 +135,7 @@ int cmd_demo(int argc, char **argv) {
         switch (c) {
         case 'b': backend_name = optarg; break;
         case 'T': ok = cli_parse_int(optarg, &T) && T >= 1; break;
-        case 't': ok = cli_parse_int(optarg, &threads) && threads >= 0; break;
+        case 't': ok = cli_parse_int(optarg, &threads); break;
         case 's': ok = cli_parse_u64(optarg, &seed); break;
         case 'a': ok = cli_parse_activations(optarg, &activations); break;
         case 'h': fputs(k_demo_help, stdout); return 0;
@@ -143,6 +143,7 @@ int cmd_demo(int argc, char **argv) {
         }
         if (!ok) return cli_fail("demo: bad value '%s' (see megamoe demo --help)", optarg);
     }
+    if (cli_check_threads("demo", threads)) return 1;
     megamoe_backend backend;
     if (!cli_parse_backend(backend_name, 1, &backend))
         return cli_fail("demo: --backend must be auto, cpu or cuda");

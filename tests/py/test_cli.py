@@ -163,6 +163,9 @@ def test_threads_bounded(setup):
                        "--threads", n, check=False)
         no_sanitizer_report(p)
         assert p.returncode != 0 and "--threads" in p.stderr and "1024" in p.stderr, p.stderr
+        p = mr.run_cli("demo", "--backend", "cpu", "--tokens", 4, "--threads", n, check=False)
+        no_sanitizer_report(p)
+        assert p.returncode != 0 and "--threads" in p.stderr and "1024" in p.stderr, p.stderr
     mr.run_cli("run", "--checkpoint", tmp / "good.safetensors", "--input", inp, "--output",
                tmp / "y.safetensors", "--threads", "1024")
 
