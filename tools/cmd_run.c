@@ -137,8 +137,9 @@ int cmd_run(int argc, char **argv) {
     }
     if (cli_check_threads("run", threads) || (gpus == 0 && cli_check_ranks("run", ranks))) return 1;
     /* The output never replaces an input: not the inputs file, not a file of the checkpoint. */
-    if (cli_same_file(out_path, in_path))
-        return cli_fail("run: --output %s would replace the input %s", out_path, in_path);
+    if (cli_same_file(out_path, in_path) || cli_same_file(out_path, ckpt))
+        return cli_fail("run: --output %s would replace the input %s", out_path,
+                        cli_same_file(out_path, in_path) ? in_path : ckpt);
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail("run: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA "
                         "backend; use --backend cpu");

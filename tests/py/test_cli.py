@@ -229,6 +229,15 @@ def test_output_never_replaces_an_input(setup):
         no_sanitizer_report(p)
         assert p.returncode != 0 and "--output" in p.stderr and "would replace" in p.stderr, p.stderr
     assert all(f.read_bytes() == b for f, b in before.items())
+    # A sharded checkpoint: neither its index nor a shard.
+    mr.st_save_sharded(tmp / "sharded", tensors, 2)
+    index = tmp / "sharded" / "model.safetensors.index.json"
+    shard = sorted((tmp / "sharded").glob("*.safetensors"))[1]
+    before = {f: f.read_bytes() for f in (index, shard)}
+    for ck_arg, out in ((index, index), (index, shard), (tmp / "sharded", shard)):
+        p = mr.run_cli("run", "--checkpoint", ck_arg, "--input", inp, "--output", out, check=False)
+        assert p.returncode != 0 and "would replace" in p.stderr, p.stderr
+    assert all(f.read_bytes() == b for f, b in before.items())
 
 
 def test_bad_expert_ids_write_nothing_and_say_so(setup):
