@@ -7,7 +7,8 @@
 # The seeds are tests/fuzz/corpus/TARGET (tracked, small; tests/fuzz/make_seeds.py writes loader's and
 # forward's); inputs found during a run go to build-fuzz/corpus/TARGET (ignored), so a run leaves no
 # untracked file. FUZZ_RUNS=N stops a target after N executions (before N seconds when it gets there).
-# FUZZ_JOBS=J runs J worker processes per target (libFuzzer -fork). A crash is
+# FUZZ_TIMEOUT=S is the seconds one input may take (default 10; a long campaign run at low priority on a
+# busy machine needs more). FUZZ_JOBS=J runs J worker processes per target (libFuzzer -fork). A crash is
 # written to tests/fuzz/crash-* (ignored) and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,7 +40,7 @@ for t in "${targets[@]}"; do
   [ -n "${FUZZ_RUNS:-}" ] && opts+=(-runs="$FUZZ_RUNS")
   set +e
   "./build-fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=$([ "$t" = loader ] && echo 65536 || echo 8192) \
-    -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 "${opts[@]}" -artifact_prefix=tests/fuzz/ \
+    -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=4096 -print_final_stats=1 "${opts[@]}" -artifact_prefix=tests/fuzz/ \
     "build-fuzz/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
   set -e
