@@ -205,12 +205,6 @@ megamoe_status megamoe_layer_create(megamoe_group *group, const megamoe_layer_co
     char msg[MM_ERR_LEN];
     megamoe_status st = check_config(group, config, msg);
     if (st != MEGAMOE_OK) return mm_layer_fail(l, st, "%s", msg);
-    if (group->config.backend != MEGAMOE_BACKEND_CPU && config->format == MEGAMOE_FORMAT_NVFP4 &&
-        config->activations == MEGAMOE_ACTIVATIONS_BF16)
-        return mm_layer_fail(
-            l, MEGAMOE_ERR_UNSUPPORTED,
-            "NVFP4 weights with BF16 activations (activations=BF16, SPEC §3b) run on the CPU "
-            "backend only in this build; device backends take activations=NVFP4");
     l->experts_per_rank = config->num_experts / group->world_size;
     l->ranks = calloc((size_t)group->local_ranks, sizeof *l->ranks);
     if (!l->ranks) return mm_layer_fail(l, MEGAMOE_ERR_OUT_OF_MEMORY, "out of host memory");

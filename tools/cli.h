@@ -51,10 +51,6 @@ int cli_parse_backend(const char *s, int allow_auto, megamoe_backend *out);
 
 /* "bf16" or "nvfp4" (SPEC §3b) into *out (a megamoe_activations); 1 on success. */
 int cli_parse_activations(const char *s, int *out);
-/* Sets cfg->activations (cfg->format set first): `asked` when >= 0 (from --activations), else the
- * default: BF16, but NVFP4 for an NVFP4 layer on a device backend (`device`), which does not run
- * NVFP4 weights with BF16 activations yet. */
-void cli_set_activations(megamoe_layer_config *cfg, int asked, int device);
 
 /* Seeded random numbers (splitmix64 + Box-Muller). */
 typedef struct cli_rng {

@@ -137,14 +137,6 @@ int cli_parse_activations(const char *s, int *out) {
     return 1;
 }
 
-void cli_set_activations(megamoe_layer_config *cfg, int asked, int device) {
-    if (asked >= 0)
-        cfg->activations = (megamoe_activations)asked;
-    else /* the device backends run NVFP4 layers with NVFP4 activations only, so far */
-        cfg->activations = device && cfg->format == MEGAMOE_FORMAT_NVFP4 ? MEGAMOE_ACTIVATIONS_NVFP4
-                                                                         : MEGAMOE_ACTIVATIONS_BF16;
-}
-
 uint64_t cli_rng_next(cli_rng *r) {
     uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -134,7 +134,7 @@ int cmd_bench(int argc, char **argv) {
     int Ts[32] = {256};
     uint64_t seed = 1;
     const char *json_path = NULL;
-    int activations = -1;
+    int activations = MEGAMOE_ACTIVATIONS_BF16;
     float peak_tflops = 795.0f;
     megamoe_weight_format fmt = MEGAMOE_FORMAT_NVFP4;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
@@ -201,7 +201,7 @@ int cmd_bench(int argc, char **argv) {
     megamoe_layer_config_init(&cfg);
     cfg.name = "bench";
     cfg.num_experts = E, cfg.top_k = K, cfg.hidden_size = H, cfg.intermediate_size = I, cfg.format = fmt;
-    cli_set_activations(&cfg, activations, gpus > 0 || backend != MEGAMOE_BACKEND_CPU);
+    cfg.activations = (megamoe_activations)activations;
     cfg.gemm_kernel = gemm;
     cfg.max_tokens = R > 0 ? (T_max + R - 1) / R : 1;
     if (gpus > 0) {

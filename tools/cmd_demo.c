@@ -182,12 +182,6 @@ int cmd_demo(int argc, char **argv) {
     for (int f = 0; f < 3 && !rc; f++) {
         if (f > 0 && activations >= 0 && (int)mode_act[f] != activations) continue;
         const megamoe_weight_format fmt = mode_format[f];
-        if (gpu && fmt == MEGAMOE_FORMAT_NVFP4 && mode_act[f] == MEGAMOE_ACTIVATIONS_BF16) {
-            printf("  %-11s not run: the device backends take NVFP4 weights with nvfp4 activations only, so "
-                   "far\n",
-                   mode_name[f]);
-            continue;
-        }
         /* Runs: the CPU reference with 1 rank, then the chosen backend with 1 and 4 ranks. */
         const megamoe_backend run_backend[3] = {MEGAMOE_BACKEND_CPU, backend, backend};
         const int run_ranks[3] = {1, 1, 4};
@@ -228,9 +222,10 @@ int cmd_demo(int argc, char **argv) {
                 snprintf(check, sizeof check, "bitwise equal to 1 rank: %s", same ? "yes" : "NO");
                 if (!same) rc = 1;
             } else if (ri == 1 && gpu) {
-                const double err = cli_rel_l2_bf16(y[f][1], y[f][0], xn);
+                /* test_gpu.c's bounds: 1e-3, and 2e-3 for NVFP4 weights with bf16 activations */
+                const double err = cli_rel_l2_bf16(y[f][1], y[f][0], xn), tol = f == 1 ? 2e-3 : 1e-3;
                 snprintf(check, sizeof check, "relative L2 vs CPU %.2e", err);
-                if (!(err <= 1e-3)) rc = cli_fail("demo: GPU differs from the CPU reference (%.3e)", err);
+                if (!(err <= tol)) rc = cli_fail("demo: GPU differs from the CPU reference (%.3e)", err);
             }
             printf("  %-11s %-7s %-6d %-13.3f %-10.1f %s\n", mode_name[f],
                    run_backend[ri] == MEGAMOE_BACKEND_CUDA ? "cuda" : "cpu", R, best * 1e3, flop / best / 1e9,

@@ -104,7 +104,7 @@ int cmd_run(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *ckpt = NULL, *prefix = "", *in_path = NULL, *out_path = NULL;
-    int ranks = 1, threads = 0, max_tokens = 0, gpus = 0, activations = -1;
+    int ranks = 1, threads = 0, max_tokens = 0, gpus = 0, activations = MEGAMOE_ACTIVATIONS_BF16;
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
     megamoe_layer_config cfg;
     megamoe_layer_config_init(&cfg);
@@ -182,7 +182,7 @@ int cmd_run(int argc, char **argv) {
     cfg.hidden_size = info.hidden_size;
     cfg.intermediate_size = info.intermediate_size;
     cfg.format = info.format;
-    cli_set_activations(&cfg, activations, gpus > 0 || backend != MEGAMOE_BACKEND_CPU);
+    cfg.activations = (megamoe_activations)activations;
     cfg.max_tokens = max_tokens > 0 ? max_tokens : (chunk > 0 ? chunk : 1);
     x = aligned_copy(&in.x);
     ids = aligned_copy(&in.ids);

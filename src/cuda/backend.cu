@@ -264,6 +264,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     sh.I = l->config.intermediate_size;
     sh.T_max = l->config.max_tokens;
     sh.nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
+    sh.bf16_act = sh.nvfp4 && l->config.activations == MEGAMOE_ACTIVATIONS_BF16;
     sh.has_norm = cl->gamma != NULL;
     sh.clamp = l->config.activation_clamp;
     sh.eps = l->config.norm_eps;

@@ -19,6 +19,9 @@ extern "C" {
 #include "ptx/sync.cuh"
 
 /* The sizes one forward's kernels need, by value. */
+/* f32 to the bits of the nearest f16 (ties to even). */
+__device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+
 struct mm_dev_shape {
     int R;          /* ranks in the group                                        */
     int first_rank; /* global rank of this process's local rank 0               */
@@ -26,7 +29,9 @@ struct mm_dev_shape {
     int E, E_r, K;  /* experts, experts per rank, top-k                          */
     int H, I;       /* hidden and intermediate sizes                             */
     int T_max;
-    int nvfp4;      /* 1: NVFP4 weights and activations, 0: BF16                 */
+    int nvfp4;      /* 1: NVFP4 weights, 0: BF16                                 */
+    int bf16_act;   /* NVFP4 weights with bf16 activations (W4A16, SPEC §3b): x staged as exact f16
+                       times a power of two, act rescaled to f16 between the GEMMs (sm90_act_f16.cu) */
     int has_norm;
     float clamp;    /* 0 = off */
     float eps;
@@ -36,6 +41,16 @@ struct mm_dev_shape {
 /* Across GPUs a rank gathers only from this many slot rows on: below, its gate/up reads the few remote
  * rows where they are (the gather kernel's copy and launch cost more at decode; DECISIONS 89). */
 #define MM_GATHER_MIN_SLOTS 512
+
+/* W4A16: the exponent e of the power of two that puts amax * 2^-e in [2^15, 2^16), at least lo; 0
+ * when amax is 0 or not finite. Every bf16 value of at least amax * 2^-33 is then exactly an f16
+ * times 2^e (f16 keeps 8 significant bits down to 2^-17, bf16 has 8). */
+__device__ __forceinline__ int mm_f16_exponent(float amax, int lo) {
+    if (!(amax > 0.0f) || !mm_isfinite(amax)) return 0;
+    int E;
+    frexpf(amax, &E); /* amax in [2^(E-1), 2^E) */
+    return E - 16 < lo ? lo : E - 16;
+}
 
 /* A slot code (src * T_max + token) * K + slot: the home rank, token and top-k position. */
 struct slot_info {
@@ -63,7 +78,8 @@ __device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_b
 }
 
 /* The buffer region of the gate/up GEMM's 16-bit input rows: the gathered copy L.xg (g), else the
- * staged tokens -- x_f16 (NVFP4, decoded by the stage kernel) or x (BF16). */
+ * staged tokens -- x_f16 (NVFP4 weights: the decoded quantized x, or with bf16 activations x itself
+ * as exact f16 times a power of two; both written by the stage kernel) or x (BF16). */
 __device__ __forceinline__ uint64_t gate_up_rows(const mm_dev_shape &sh, const mm_buffer_layout &L, bool g) {
     return g ? L.xg : sh.nvfp4 ? L.x_f16 : L.x;
 }

@@ -10,7 +10,8 @@
  *              (E_r <= 1024 for the warp, <= 8192 for the one kernel; all write the same tables)
  *   barrier    sm90_barrier.cu  NCCL only: every rank's tokens staged
  *   gather     sm90_gather.cu   where the rows are gathered (across GPUs; one GPU when ws / ws64 take gate/up)
- *   gate/up, down: the expert GEMMs, chosen below (gemm_plan.h gemm_choice), per phase
+ *   gate/up, down: the expert GEMMs, chosen below (gemm_plan.h gemm_choice), per phase; between
+ *              them, for NVFP4 weights with bf16 activations (W4A16), sm90_act_f16.cu: act to f16
  *   barrier    sm90_barrier.cu  NCCL only: every p written
  *   combine    sm90_combine.cu  per token; a cluster of 8 blocks per token up to 16 tokens of a rank
  *
@@ -102,6 +103,8 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh_in, const mm_buffe
     if (st == MEGAMOE_OK)
         st = launch_phase<PHASE_GATE_UP>(k1, wg1, w64_1, ws1, wsp1, grid_gate_up, sp1, tiles, slots, sh, L, peers, base0,
                                          weights, force, s);
+    if (st == MEGAMOE_OK && sh.bf16_act)
+        st = sm90_act_f16_launch(sh, L, peers, nccl ? (long)sh.R * sh.T_max * sh.K : slots, s);
     if (st == MEGAMOE_OK)
         st = launch_phase<PHASE_DOWN>(k2, wg2, w64_2, ws2, wsp2, grid_down, sp2, tiles, slots, sh, L, peers, base0,
                                       weights, force, s);

@@ -56,6 +56,11 @@ megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, cons
                                          int force, cudaStream_t s);
 megamoe_status sm90_expert_stream_prepare();
 
+/* W4A16 (sh.bf16_act) only, between the phases: each slot row of act from bf16 to exact f16 times its
+ * power of two, which goes into the row's slot_scale (sm90_act_f16.cu). max_rows bounds a rank's rows. */
+megamoe_status sm90_act_f16_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                   long max_rows, cudaStream_t s);
+
 /* ---- cross-rank barrier (sm90_barrier.cu) and combine (sm90_combine.cu) ------------------------- */
 
 /* Every rank of the group arrives at and waits for the others (NCCL backend: ranks on other GPUs),

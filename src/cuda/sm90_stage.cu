@@ -122,7 +122,13 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
     }
     finite = stage_sync_and<RW>(nq, finite);
     amax = stage_max<RW>(amax, scratch, nq);
-    stage_hand_over<RW>(h, nq, finite, sh.nvfp4 ? mm_activation_scale(amax) : 1.0f);
+    /* The token's activation scale: NVFP4's s (SPEC §3), or with bf16 activations (W4A16, §3b) the
+     * power of two of its exact f16 copy times the 2^-14 that the gate/up epilogue's 2^28 undoes
+     * (e16 >= -135 keeps it >= 2^-149; a token small enough to meet that bound still has each nonzero
+     * bf16 value at 4 or more in f16, so exact). */
+    const int e16 = sh.bf16_act ? mm_f16_exponent(amax, -135) : 0;
+    const float s = !sh.nvfp4 ? 1.0f : sh.bf16_act ? ldexpf(1.0f, e16 - 14) : mm_activation_scale(amax);
+    stage_hand_over<RW>(h, nq, finite, s);
     if (!finite) {
         if (threadIdx.x == 0) state[t] = MM_TOKEN_POISONED;
         return;
@@ -134,8 +140,20 @@ __device__ __forceinline__ void stage_token(const mm_dev_shape &sh, const mm_buf
             dst[i] = ((const uint4 *)x)[i];
         return;
     }
-    const float s = mm_activation_scale(amax);
     if (threadIdx.x == 0) ((float *)(base + L.x_scale))[t] = s;
+    if (sh.bf16_act) { /* x itself for the gate/up GEMM: f16 x * 2^-e16, exact */
+        uint4 *x16 = (uint4 *)((uint16_t *)(base + L.x_f16) + (size_t)t * H);
+        for (int i = threadIdx.x; i < H / 8; i += nq) {
+            const uint4 v = ((const uint4 *)x)[i];
+            uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                w[j] = (uint32_t)to_f16_bits(ldexpf(mm_bf16_to_f32((uint16_t)(w[j] & 0xFFFFu)), -e16)) |
+                       (uint32_t)to_f16_bits(ldexpf(mm_bf16_to_f32((uint16_t)(w[j] >> 16)), -e16)) << 16;
+            x16[i] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        return;
+    }
     uint8_t *codes = base + L.x + (size_t)t * H / 2;                      /* [H/2]  */
     uint8_t *sf = base + L.x_sf + (size_t)t * H / 16;                     /* [H/16] */
     uint4 *x16 = (uint4 *)((uint16_t *)(base + L.x_f16) + (size_t)t * H); /* [H] biased f16 */

@@ -16,7 +16,9 @@ from test_layer_reference import TOL, check_rows, tol_key
 # than 5e-4 -- tensor-core f32 accumulation differs from float64 a little more than the CPU's ordered
 # f32 sums, and a = bf16_rn(...) turns a difference d into about sqrt(d * 2^-8) in y (measured 5.4e-4
 # at H = I = 2048; docs/TESTING.md "Tolerances").
-TOL_GPU = {**TOL, "bf16": 1e-3, "w4a16": 1e-3}
+# W4A16 at 2e-3: BF16's arithmetic on the NVFP4 kernels' one tensor-core chain over K (test_gpu.c
+# GPU_TOL_W4A16, from dev/accum_emulate.c: up to 9.9e-4 against the CPU at H = 7168).
+TOL_GPU = {**TOL, "bf16": 1e-3, "w4a16": 2e-3}
 
 
 def visible_gpus():
@@ -35,7 +37,7 @@ GPU_COUNTS = tuple(n for n in (1, 2, 4, 8) if n <= max(GPUS, 2))
 
 
 # The activation modes an NVFP4 model runs in on the device backends (SPEC §3b).
-NVFP4_ACTIVATIONS = ("nvfp4",)
+NVFP4_ACTIVATIONS = ("bf16", "nvfp4")
 
 
 def run_all(tmp_path, model, x, ids, w, pad, gpu_counts=GPU_COUNTS):

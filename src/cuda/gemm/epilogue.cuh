@@ -1,6 +1,7 @@
 /*
  * gemm/epilogue.cuh -- the epilogue that turns a warp's accumulators into act (gate/up: scales,
- * clamp, SwiGLU, the NVFP4 requantization or bf16) or p (down: a2 and alpha_2, written into the home
+ * clamp, SwiGLU, the NVFP4 requantization or bf16) or p (down: a2 -- with bf16 activations the act
+ * row's power of two (sm90_act_f16.cu) -- and alpha_2, written into the home
  * rank's buffer), either straight from registers or staged through shared memory and sent with one
  * bulk store per token column.
  */
@@ -50,6 +51,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
         auto column = [&](int j, const float (&v)[GROUPS_PER_WARP * 2]) {
             const int col = (j >> 1) * 8 + 2 * c + (j & 1);
             if (col >= ncols) return;
+            const float in_scale = sh.bf16_act ? col_scale[col] : a2; /* W4A16: the row's 2^e, else a2 */
             float *row;
             int h0 = 0;
             if constexpr (STAGED) {
@@ -64,7 +66,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     float p = v[2 * q + r];
-                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), a2), alpha2);
+                    if (nvfp4) p = mm_mul(mm_mul(mm_mul(p, unbias), in_scale), alpha2);
                     row[(wgroup + q) * 16 + g + 8 * r - h0] = p;
                 }
         };
@@ -122,14 +124,14 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
                 amax = mm_max_nan(amax, mm_fabs(a[q]));
             }
             uint16_t out[GROUPS_PER_WARP];
-            if (nvfp4) {
+            if (nvfp4 && !sh.bf16_act) {
                 for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
                 const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {
                     const float v = sf == 0.0f ? 0.0f : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
                     out[q] = to_f16_bits(v);
                 }
-            } else {
+            } else { /* BF16, and W4A16 (sm90_act_f16 makes it f16 for the down GEMM) */
                 for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
             }
             if (col < ncols)

@@ -69,8 +69,9 @@ __device__ __forceinline__ tile_info load_tile(const mm_buffer_layout &L, const 
 
 /* Column i of rank me's token tile whose slots start at `first` (mine = peers[me]): the slot's code
  * (-1 from ncols on), its home rank and token (gate/up: its gate_up_source; 0 for -1), and in *scale
- * the token's activation scale s for the NVFP4 gate/up (1 otherwise), read beside the code from the
- * routing's slot_scale. */
+ * the token's activation scale s for the NVFP4 gate/up -- or, with bf16 activations (W4A16), the
+ * down input row's power of two for the down phase, which sm90_act_f16 wrote there -- (1 otherwise),
+ * read beside the code from slot_scale. */
 template <int PHASE, bool nvfp4>
 __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                            const uint8_t *mine, bool g, int me, int first, int ncols, int i,
@@ -78,7 +79,9 @@ __device__ __forceinline__ int tile_column(const mm_dev_shape &sh, const mm_buff
     const int code = i < ncols ? ((const int32_t *)(mine + L.slots))[first + i] : -1;
     *si = {0, 0, 0};
     if (code >= 0) *si = PHASE == PHASE_GATE_UP ? gate_up_source(sh, g, me, code, first + i) : decode_slot(sh, code);
-    *scale = i < ncols && nvfp4 && PHASE == PHASE_GATE_UP ? ((const float *)(mine + L.slot_scale))[first + i] : 1.0f;
+    *scale = i < ncols && nvfp4 && (PHASE == PHASE_GATE_UP || sh.bf16_act)
+                 ? ((const float *)(mine + L.slot_scale))[first + i]
+                 : 1.0f;
     return code;
 }
 
@@ -192,8 +195,6 @@ __device__ __forceinline__ void ring_read(a_raw<nvfp4> &r, const uint8_t *ring, 
         }
     }
 }
-
-__device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
 
 /* The group's token count, read from every rank's staged count through the peer table. */
 __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers) {
