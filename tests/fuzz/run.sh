@@ -7,6 +7,7 @@
 # The seeds are tests/fuzz/corpus/TARGET (tracked, small; tests/fuzz/make_seeds.py writes loader's and
 # forward's); inputs found during a run go to build-fuzz/corpus/TARGET (ignored), so a run leaves no
 # untracked file. FUZZ_RUNS=N stops a target after N executions (before N seconds when it gets there).
+# FUZZ_DIR=D builds and writes into D instead of build-fuzz (a second run beside a long campaign).
 # FUZZ_TIMEOUT=S is the seconds one input may take (default 10; a long campaign run at low priority on a
 # busy machine needs more). FUZZ_JOBS=J runs J worker processes per target (libFuzzer -fork). A crash is
 # written to tests/fuzz/crash-* (ignored) and fails the script.
@@ -16,7 +17,8 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(safetensors loader forward)
-mkdir -p build-fuzz
+out=${FUZZ_DIR:-build-fuzz}
+mkdir -p "$out"
 flags=(-g -O1 -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=all -Iinclude -Isrc)
 jansson=$(pkg-config --cflags --libs jansson)
@@ -30,18 +32,18 @@ for t in "${targets[@]}"; do
   else
     sources=("${lib[@]}")
   fi
-  clang "${flags[@]}" "$src" "${sources[@]}" $jansson -lm -o "build-fuzz/fuzz_$t"
+  clang "${flags[@]}" "$src" "${sources[@]}" $jansson -lm -o "$out/fuzz_$t"
 done
 for t in "${targets[@]}"; do
-  mkdir -p "build-fuzz/corpus/$t"
-  log=build-fuzz/fuzz_$t.log
+  mkdir -p "$out/corpus/$t"
+  log=$out/fuzz_$t.log
   opts=()
   [ "${FUZZ_JOBS:-1}" -gt 1 ] && opts=(-fork="$FUZZ_JOBS" -ignore_crashes=0)
   [ -n "${FUZZ_RUNS:-}" ] && opts+=(-runs="$FUZZ_RUNS")
   set +e
-  "./build-fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=$([ "$t" = loader ] && echo 65536 || echo 8192) \
+  "./$out/fuzz_$t" -max_total_time="$seconds" -max_len=$([ "$t" = loader ] && echo 65536 || echo 8192) \
     -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=4096 -print_final_stats=1 "${opts[@]}" -artifact_prefix=tests/fuzz/ \
-    "build-fuzz/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
+    "$out/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
   set -e
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
@@ -52,5 +54,5 @@ for t in "${targets[@]}"; do
     exit 1
   fi
   secs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | grep -o 'in [0-9]*' | tr -d 'in ' | tail -1)
-  echo "fuzz: $t ${secs:-$seconds}s, ${execs:-?} executions, no crash; corpus $(ls "tests/fuzz/corpus/$t" | wc -l) seeds + $(ls "build-fuzz/corpus/$t" | wc -l) found (log $log)"
+  echo "fuzz: $t ${secs:-$seconds}s, ${execs:-?} executions, no crash; corpus $(ls "tests/fuzz/corpus/$t" | wc -l) seeds + $(ls "$out/corpus/$t" | wc -l) found (log $log)"
 done
