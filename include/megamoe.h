@@ -121,8 +121,11 @@ typedef struct megamoe_group_config {
     int num_ranks;   /* ranks driven by this process: CPU and CUDA 1..72; NCCL: must be 1      */
     int device;      /* CUDA device ordinal (CUDA, NCCL)                                       */
     void *nccl_comm; /* ncclComm_t of the EP group (NCCL only)                                 */
-    int num_threads; /* CPU backend worker threads; 0 = one per core                           */
+    int num_threads; /* CPU backend worker threads: 1..MEGAMOE_MAX_THREADS; 0 = one per core    */
 } megamoe_group_config;
+
+/* The most CPU worker threads a group takes (more overflow the OpenMP runtime's stacks). */
+#define MEGAMOE_MAX_THREADS 1024
 
 typedef struct megamoe_group megamoe_group;
 

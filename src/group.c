@@ -59,8 +59,9 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
         mm_set_error(g->error, "num_ranks R=%d must be in 1..72", config->num_ranks);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (config->num_threads < 0) {
-        mm_set_error(g->error, "num_threads=%d must be >= 0 (0 = one per core)", config->num_threads);
+    if (config->num_threads < 0 || config->num_threads > MEGAMOE_MAX_THREADS) {
+        mm_set_error(g->error, "num_threads=%d must be in 0..%d (0 = one per core)", config->num_threads,
+                     MEGAMOE_MAX_THREADS);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     g->world_size = config->num_ranks;

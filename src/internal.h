@@ -168,6 +168,21 @@ static inline int mm_layer_quantizes_activations(const megamoe_layer *l) {
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* SPEC §1's shape rules (layer.c, the one place): E in 1..MM_MAX_EXPERTS, H and I positive multiples of
+ * 256 up to MM_MAX_DIM; and the activation clamp (finite, >= 0). Write a message naming the value. */
+#define MM_MAX_EXPERTS 65536
+#define MM_MAX_DIM (1 << 20)
+megamoe_status mm_check_layer_shape(int64_t E, int64_t H, int64_t I, char *msg);
+megamoe_status mm_check_activation_clamp(float clamp, char *msg);
+
+/* The weight names of SPEC §6, written once (checkpoint/names.c): projections per style, [0]
+ * gate_proj/up_proj/down_proj and [1] w1/w3/w2, indexed by megamoe_proj; fields per style, [0] plain
+ * (ModelOpt) and [1] compressed-tensors, indexed by megamoe_field. */
+extern const char *const mm_proj_names[2][3];
+extern const char *const mm_field_names[2][4];
+/* "prefix.rest", or "rest" for an empty prefix. */
+void mm_join_name(char *out, size_t n, const char *prefix, const char *rest);
+
 /* ---- Backends -------------------------------------------------------------------------------------- */
 
 /* What the API boundary asks of a backend. Each backend defines one table; the group picks its

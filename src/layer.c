@@ -2,6 +2,7 @@
  * layer.c -- the layer handle: creation rules (SPEC §1), weight loading and validation (SPEC §3-6),
  * finalize, and the forward entry point that checks its arguments and hands over to a backend.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +11,6 @@
 #include "formats.h"
 #include "internal.h"
 
-static const char *const k_proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
-static const char *const k_field_names[4] = {"weight", "weight_scale", "weight_scale_2", "input_scale"};
 
 void megamoe_layer_config_init(megamoe_layer_config *config) {
     memset(config, 0, sizeof *config);
@@ -21,6 +20,35 @@ void megamoe_layer_config_init(megamoe_layer_config *config) {
     config->norm_eps = 1e-6f;
     config->norm_gain_center = 1.0f;
     config->timeout_ms = 10000;
+}
+
+/* SPEC §1's size rules, the one place that states them: the layer config (create), the checkpoint
+ * reader (describe, so inspect and quantize refuse what run refuses) and quantize all call this. 64-bit
+ * arguments, so a dimension read from a file is checked before it is narrowed to int. */
+megamoe_status mm_check_layer_shape(int64_t E, int64_t H, int64_t I, char *msg) {
+    if (E < 1 || E > MM_MAX_EXPERTS) {
+        mm_set_error(msg, "num_experts E=%lld must be in 1..%d", (long long)E, MM_MAX_EXPERTS);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (H < 256 || H % 256 != 0 || H > MM_MAX_DIM) {
+        mm_set_error(msg, "hidden_size H=%lld must be a positive multiple of 256 (at most %d)", (long long)H,
+                     MM_MAX_DIM);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    if (I < 256 || I % 256 != 0 || I > MM_MAX_DIM) {
+        mm_set_error(msg, "intermediate_size I=%lld must be a positive multiple of 256 (at most %d)",
+                     (long long)I, MM_MAX_DIM);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    return MEGAMOE_OK;
+}
+
+megamoe_status mm_check_activation_clamp(float clamp, char *msg) {
+    if (!(clamp >= 0.0f) || !isfinite(clamp)) {
+        mm_set_error(msg, "activation_clamp=%g must be finite and >= 0 (0 = off)", (double)clamp);
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
+    }
+    return MEGAMOE_OK;
 }
 
 /* Checks SPEC §1's size rules; writes a message naming the rule and the values. */
@@ -39,21 +67,15 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
                           "activations (SPEC §3b)");
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (c->num_experts < 1 || c->num_experts % R != 0) {
+    megamoe_status st = mm_check_layer_shape(c->num_experts, c->hidden_size, c->intermediate_size, msg);
+    if (st) return st;
+    if (c->num_experts % R != 0) {
         mm_set_error(msg, "num_experts E=%d must be a positive multiple of the ranks R=%d (E %% R == 0)",
                      c->num_experts, R);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->top_k < 1 || c->top_k > 32) {
         mm_set_error(msg, "top_k K=%d must be in 1..32", c->top_k);
-        return MEGAMOE_ERR_INVALID_ARGUMENT;
-    }
-    if (c->hidden_size < 256 || c->hidden_size % 256 != 0) {
-        mm_set_error(msg, "hidden_size H=%d must be a positive multiple of 256", c->hidden_size);
-        return MEGAMOE_ERR_INVALID_ARGUMENT;
-    }
-    if (c->intermediate_size < 256 || c->intermediate_size % 256 != 0) {
-        mm_set_error(msg, "intermediate_size I=%d must be a positive multiple of 256", c->intermediate_size);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (c->max_tokens < 1) {
@@ -76,11 +98,8 @@ static megamoe_status check_config(const megamoe_group *g, const megamoe_layer_c
         mm_set_error(msg, "norm_gain_center=%g must be finite", (double)c->norm_gain_center);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (!(c->activation_clamp >= 0.0f) || !isfinite(c->activation_clamp)) {
-        mm_set_error(msg, "activation_clamp=%g must be finite and >= 0 (0 = off)",
-                     (double)c->activation_clamp);
-        return MEGAMOE_ERR_INVALID_ARGUMENT;
-    }
+    st = mm_check_activation_clamp(c->activation_clamp, msg);
+    if (st) return st;
     if ((int)c->gemm_kernel < MEGAMOE_GEMM_AUTO || (int)c->gemm_kernel > MEGAMOE_GEMM_WS64) {
         mm_set_error(msg, "gemm_kernel=%d must be 0 (chosen per forward), 1 (mma.sync), 2 (wgmma), 3 (streaming), 4 (warp-specialized) or 5 (warp-specialized, 64-token blocks)",
                      (int)c->gemm_kernel);
@@ -262,12 +281,31 @@ static megamoe_status check_block_scales(megamoe_layer *l, const char *what, con
     return MEGAMOE_OK;
 }
 
-/* Global scales (weight_scale_2, w2_input_scale): finite and > 0. */
+/* Global scales (weight_scale_2, w2_input_scale): finite, > 0, and small enough that the largest value
+ * they decode to, 6 (E2M1) x 448 (E4M3) x scale, is a finite float: scale <= FLT_MAX / 2688 =
+ * 1.2659e35. Every scale a quantizer derives from bf16 data, amax / 2688 <= 1.2610e35, passes. */
 static megamoe_status check_global_scale(megamoe_layer *l, const char *what, float v, int expert) {
-    if (!(v > 0.0f) || !isfinite(v))
+    if (!(v > 0.0f) || !isfinite(v) || v > FLT_MAX / 2688.0f)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT,
-                             "%s of expert %d is %g; a global scale must be finite and > 0", what, expert,
-                             (double)v);
+                             "%s of expert %d is %g; a global scale must be finite and > 0, and 6 x 448 x "
+                             "scale (the largest value it decodes to) a finite float: at most %.5g",
+                             what, expert, (double)v, (double)(FLT_MAX / 2688.0f));
+    return MEGAMOE_OK;
+}
+
+/* BF16 weights: every element finite, as NVFP4 scales are checked (a NaN weight would turn whole rows
+ * of y into NaN with no error). */
+static megamoe_status check_bf16_finite(megamoe_layer *l, const char *what, const uint8_t *src, size_t n,
+                                        int expert) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, src + 2 * i, 2);
+        if ((b & 0x7F80u) == 0x7F80u)
+            return mm_layer_fail(
+                l, MEGAMOE_ERR_BAD_WEIGHT,
+                "%s of expert %d: element %zu is not finite (%s); BF16 weights must be finite", what, expert,
+                i, (b & 0x7Fu) ? "NaN" : "an infinity");
+    }
     return MEGAMOE_OK;
 }
 
@@ -277,34 +315,66 @@ static float load_f32(const void *p, size_t i) {
     return v;
 }
 
+/* ---- The shape table both loaders derive from ------------------------------------------------- */
+
+/* One expert's tensor of a projection and field as SPEC §3-4 store it: the weight [rows, cols/2] U8
+ * (NVFP4) or [rows, cols] BF16, the block scales [rows, cols/16] E4M3, the global and input scales F32
+ * scalars; rows x cols is [I, H] for gate and up, [H, I] for down. The stacked tensors are these with
+ * the experts in front and gate and up rows concatenated ([E, 2I, ...]; scalars [E, 2] and [E]). */
+static void expert_tensor_shape(const megamoe_layer_config *c, megamoe_proj proj, megamoe_field field,
+                                megamoe_dtype *dt, int *ndim, int64_t shape[2]) {
+    const int nvfp4 = c->format == MEGAMOE_FORMAT_NVFP4;
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int64_t rows = proj == MEGAMOE_PROJ_DOWN ? H : I, cols = proj == MEGAMOE_PROJ_DOWN ? I : H;
+    shape[0] = rows;
+    *ndim = 2;
+    switch (field) {
+    case MEGAMOE_FIELD_WEIGHT:
+        shape[1] = nvfp4 ? cols / 2 : cols;
+        *dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
+        break;
+    case MEGAMOE_FIELD_WEIGHT_SCALE:
+        shape[1] = cols / 16;
+        *dt = MEGAMOE_DTYPE_F8_E4M3;
+        break;
+    case MEGAMOE_FIELD_WEIGHT_SCALE_2:
+    case MEGAMOE_FIELD_INPUT_SCALE:
+        *ndim = 0;
+        *dt = MEGAMOE_DTYPE_F32;
+        break;
+    }
+}
+
 /* ---- Stacked loading --------------------------------------------------------------------------- */
 
-typedef enum stacked_kind {
-    ST_W13,
-    ST_W13_SF,
-    ST_W13_ALPHA,
-    ST_W13_INPUT,
-    ST_W2,
-    ST_W2_SF,
-    ST_W2_ALPHA,
-    ST_W2_INPUT
-} stacked_kind;
-
+/* The stacked names: w13_* holds gate and up, w2_* down; each name is one field. */
 static const struct {
     const char *name;
-    stacked_kind kind;
-    int nvfp4_only;
-    uint16_t parts;
+    int w13;
+    megamoe_field field;
 } k_stacked[] = {
-    {"w13_weight", ST_W13, 0, MM_PART(0, 0) | MM_PART(1, 0)},
-    {"w13_weight_scale", ST_W13_SF, 1, MM_PART(0, 1) | MM_PART(1, 1)},
-    {"w13_weight_scale_2", ST_W13_ALPHA, 1, MM_PART(0, 2) | MM_PART(1, 2)},
-    {"w13_input_scale", ST_W13_INPUT, 1, MM_PART(0, 3) | MM_PART(1, 3)},
-    {"w2_weight", ST_W2, 0, MM_PART(2, 0)},
-    {"w2_weight_scale", ST_W2_SF, 1, MM_PART(2, 1)},
-    {"w2_weight_scale_2", ST_W2_ALPHA, 1, MM_PART(2, 2)},
-    {"w2_input_scale", ST_W2_INPUT, 1, MM_PART(2, 3)},
+    {"w13_weight", 1, MEGAMOE_FIELD_WEIGHT},
+    {"w13_weight_scale", 1, MEGAMOE_FIELD_WEIGHT_SCALE},
+    {"w13_weight_scale_2", 1, MEGAMOE_FIELD_WEIGHT_SCALE_2},
+    {"w13_input_scale", 1, MEGAMOE_FIELD_INPUT_SCALE},
+    {"w2_weight", 0, MEGAMOE_FIELD_WEIGHT},
+    {"w2_weight_scale", 0, MEGAMOE_FIELD_WEIGHT_SCALE},
+    {"w2_weight_scale_2", 0, MEGAMOE_FIELD_WEIGHT_SCALE_2},
+    {"w2_input_scale", 0, MEGAMOE_FIELD_INPUT_SCALE},
 };
+
+/* Where a rank keeps a stacked tensor's experts (the checkpoint layout, experts back to back). */
+static void *stacked_dst(mm_rank_weights *w, int w13, megamoe_field field, int nvfp4) {
+    switch (field) {
+    case MEGAMOE_FIELD_WEIGHT:
+        return w13 ? (nvfp4 ? (void *)w->w13 : (void *)w->w13_bf16)
+                   : (nvfp4 ? (void *)w->w2 : (void *)w->w2_bf16);
+    case MEGAMOE_FIELD_WEIGHT_SCALE: return w13 ? w->w13_sf : w->w2_sf;
+    case MEGAMOE_FIELD_WEIGHT_SCALE_2: return w13 ? w->w13_alpha : w->w2_alpha;
+    case MEGAMOE_FIELD_INPUT_SCALE: return w13 ? w->w13_input_scale : w->w2_input_scale;
+    }
+    return NULL;
+}
 
 megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, const megamoe_tensor *full) {
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
@@ -321,46 +391,21 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
                              "w13_weight_scale_2, w13_input_scale, w2_weight, w2_weight_scale, "
                              "w2_weight_scale_2 or w2_input_scale)",
                              name);
-    if (k_stacked[idx].nvfp4_only && !nvfp4)
+    const int w13 = k_stacked[idx].w13;
+    const megamoe_field field = k_stacked[idx].field;
+    if (field != MEGAMOE_FIELD_WEIGHT && !nvfp4)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "unexpected expert weight '%s': the layer is BF16",
                              name);
-    const int64_t E = l->config.num_experts, H = l->config.hidden_size, I = l->config.intermediate_size;
-    const stacked_kind kind = k_stacked[idx].kind;
-    int64_t shape[3] = {E, 0, 0};
-    int ndim = 3, unit = 0;
+    const int64_t E = l->config.num_experts;
     megamoe_dtype dt = MEGAMOE_DTYPE_F32;
-    switch (kind) {
-    case ST_W13:
-        shape[1] = 2 * I;
-        shape[2] = nvfp4 ? H / 2 : H;
-        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
-        break;
-    case ST_W13_SF:
-        shape[1] = 2 * I;
-        shape[2] = H / 16;
-        dt = MEGAMOE_DTYPE_F8_E4M3;
-        break;
-    case ST_W13_ALPHA:
-    case ST_W13_INPUT:
-        shape[1] = 2;
-        ndim = 2;
-        break;
-    case ST_W2:
-        shape[1] = H;
-        shape[2] = nvfp4 ? I / 2 : I;
-        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
-        break;
-    case ST_W2_SF:
-        shape[1] = H;
-        shape[2] = I / 16;
-        dt = MEGAMOE_DTYPE_F8_E4M3;
-        break;
-    case ST_W2_ALPHA:
-    case ST_W2_INPUT:
-        ndim = 1;
-        unit = 1;
-        break;
-    }
+    int pndim;
+    int64_t pshape[2] = {0, 0};
+    expert_tensor_shape(&l->config, w13 ? MEGAMOE_PROJ_GATE : MEGAMOE_PROJ_DOWN, field, &dt, &pndim, pshape);
+    /* [E, rows (x 2 for w13), cols]; scalars [E, 2] (w13) or [E] (w2, a trailing [1] allowed) */
+    int64_t shape[3] = {E, pndim ? (w13 ? 2 : 1) * pshape[0] : 2, pshape[1]};
+    const int ndim = pndim ? 3 : (w13 ? 2 : 1), unit = !pndim && !w13;
+    const int scale_check =
+        field == MEGAMOE_FIELD_WEIGHT_SCALE_2 || (field == MEGAMOE_FIELD_INPUT_SCALE && !w13);
     st = check_tensor(l, name, full, dt, ndim, shape, unit);
     if (st) return st;
 
@@ -372,10 +417,13 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
         const int e0 = megamoe_group_rank(l->group, r) * E_r;
         for (int e = e0; e < e0 + E_r; e++) {
             const uint8_t *src = (const uint8_t *)full->data + (size_t)e * (size_t)per_expert * esize;
-            if (kind == ST_W13_SF || kind == ST_W2_SF) {
+            if (field == MEGAMOE_FIELD_WEIGHT_SCALE) {
                 st = check_block_scales(l, name, src, (size_t)per_expert, e);
                 if (st) return st;
-            } else if (kind == ST_W13_ALPHA || kind == ST_W2_ALPHA || kind == ST_W2_INPUT) {
+            } else if (field == MEGAMOE_FIELD_WEIGHT && !nvfp4) {
+                st = check_bf16_finite(l, name, src, (size_t)per_expert, e);
+                if (st) return st;
+            } else if (scale_check) {
                 for (int64_t i = 0; i < per_expert; i++) {
                     st = check_global_scale(l, name, load_f32(src, (size_t)i), e);
                     if (st) return st;
@@ -387,20 +435,12 @@ megamoe_status megamoe_layer_load_weight(megamoe_layer *l, const char *name, con
         mm_rank_weights *w = &l->ranks[r];
         const int e0 = megamoe_group_rank(l->group, r) * E_r;
         const uint8_t *src = (const uint8_t *)full->data + (size_t)e0 * (size_t)per_expert * esize;
-        void *dst = NULL;
-        switch (kind) {
-        case ST_W13: dst = nvfp4 ? (void *)w->w13 : (void *)w->w13_bf16; break;
-        case ST_W13_SF: dst = w->w13_sf; break;
-        case ST_W13_ALPHA: dst = w->w13_alpha; break;
-        case ST_W13_INPUT: dst = w->w13_input_scale; break;
-        case ST_W2: dst = nvfp4 ? (void *)w->w2 : (void *)w->w2_bf16; break;
-        case ST_W2_SF: dst = w->w2_sf; break;
-        case ST_W2_ALPHA: dst = w->w2_alpha; break;
-        case ST_W2_INPUT: dst = w->w2_input_scale; break;
-        }
+        void *dst = stacked_dst(w, w13, field, nvfp4);
         memcpy(dst, src, (size_t)E_r * (size_t)per_expert * esize);
         for (int e = 0; e < E_r; e++)
-            w->loaded[e] |= k_stacked[idx].parts;
+            w->loaded[e] |=
+                w13 ? (uint16_t)(MM_PART(MEGAMOE_PROJ_GATE, field) | MM_PART(MEGAMOE_PROJ_UP, field))
+                    : (uint16_t)MM_PART(MEGAMOE_PROJ_DOWN, field);
     }
     return MEGAMOE_OK;
 }
@@ -417,7 +457,7 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
                              (int)field);
     const int E = l->config.num_experts;
     char what[96];
-    snprintf(what, sizeof what, "experts.%d.%s.%s", expert, k_proj_names[proj], k_field_names[field]);
+    snprintf(what, sizeof what, "experts.%d.%s.%s", expert, mm_proj_names[0][proj], mm_field_names[0][field]);
     if (expert < 0 || expert >= E)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "%s: expert id %d is outside [0, %d)", what, expert,
                              E);
@@ -425,23 +465,10 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
     if (!nvfp4 && field != MEGAMOE_FIELD_WEIGHT)
         return mm_layer_fail(l, MEGAMOE_ERR_BAD_WEIGHT, "unexpected expert weight '%s': the layer is BF16",
                              what);
-    const int64_t H = l->config.hidden_size, I = l->config.intermediate_size;
-    const int64_t rows = proj == MEGAMOE_PROJ_DOWN ? H : I, cols = proj == MEGAMOE_PROJ_DOWN ? I : H;
-    int64_t shape[2] = {rows, 0};
-    int ndim = 2;
     megamoe_dtype dt = MEGAMOE_DTYPE_F32;
-    switch (field) {
-    case MEGAMOE_FIELD_WEIGHT:
-        shape[1] = nvfp4 ? cols / 2 : cols;
-        dt = nvfp4 ? MEGAMOE_DTYPE_U8 : MEGAMOE_DTYPE_BF16;
-        break;
-    case MEGAMOE_FIELD_WEIGHT_SCALE:
-        shape[1] = cols / 16;
-        dt = MEGAMOE_DTYPE_F8_E4M3;
-        break;
-    case MEGAMOE_FIELD_WEIGHT_SCALE_2:
-    case MEGAMOE_FIELD_INPUT_SCALE: ndim = 0; break;
-    }
+    int ndim;
+    int64_t shape[2] = {0, 0};
+    expert_tensor_shape(&l->config, proj, field, &dt, &ndim, shape);
     st = check_tensor(l, what, t, dt, ndim, shape, ndim == 0);
     if (st) return st;
 
@@ -451,6 +478,9 @@ megamoe_status megamoe_layer_load_expert_weight(megamoe_layer *l, int expert, me
         if (megamoe_group_rank(l->group, r) == owner) local = r;
     if (field == MEGAMOE_FIELD_WEIGHT_SCALE) {
         st = check_block_scales(l, what, t->data, (size_t)megamoe_tensor_numel(t), expert);
+        if (st) return st;
+    } else if (field == MEGAMOE_FIELD_WEIGHT && !nvfp4) {
+        st = check_bf16_finite(l, what, t->data, (size_t)megamoe_tensor_numel(t), expert);
         if (st) return st;
     } else if (field == MEGAMOE_FIELD_WEIGHT_SCALE_2 ||
                (field == MEGAMOE_FIELD_INPUT_SCALE && proj == MEGAMOE_PROJ_DOWN)) {
@@ -562,7 +592,7 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
         int bit = __builtin_ctz(first_missing);
         return mm_layer_fail(l, MEGAMOE_ERR_NOT_FINALIZED,
                              "cannot finalize: expert %d has no %s.%s%s (%d local expert%s incomplete)",
-                             first_expert, k_proj_names[bit / 4], k_field_names[bit % 4],
+                             first_expert, mm_proj_names[0][bit / 4], mm_field_names[0][bit % 4],
                              __builtin_popcount(first_missing) > 1 ? " and more" : "", missing_experts,
                              missing_experts == 1 ? "" : "s");
     }
@@ -590,6 +620,26 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
 
 /* ---- Forward ----------------------------------------------------------------------------------- */
 
+/* Routing weights of the slots that count (an expert id other than -1, on a token that is not padding)
+ * must be finite: a NaN or infinite weight is bad input (SPEC §5), not a NaN row. The CPU backend
+ * checks them here; device backends hold them in device memory and their callers check them (the
+ * CLI does, on the host, before a device forward). */
+static megamoe_status check_topk_weights(megamoe_layer *l, int rank, const megamoe_forward_args *a) {
+    const int K = l->config.top_k;
+    for (int t = 0; t < a->num_tokens; t++) {
+        if (a->is_padding && a->is_padding[t]) continue;
+        for (int k = 0; k < K; k++) {
+            const size_t i = (size_t)t * (size_t)K + (size_t)k;
+            if (a->topk_ids[i] != -1 && !isfinite(a->topk_weights[i]))
+                return mm_layer_fail(l, MEGAMOE_ERR_BAD_INPUT,
+                                     "rank %d token %d slot %d: topk_weights is %g; routing weights must be "
+                                     "finite",
+                                     rank, t, k, (double)a->topk_weights[i]);
+        }
+    }
+    return MEGAMOE_OK;
+}
+
 megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_args *args, void *stream) {
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
     if (!l->finalized)
@@ -613,6 +663,10 @@ megamoe_status megamoe_layer_forward(megamoe_layer *l, const megamoe_forward_arg
             (((uintptr_t)a->x | (uintptr_t)a->y) & 15u) != 0)
             return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
                                  "rank %d: x and y must be 16-byte aligned device pointers", rank);
+        if (!l->group->ops->device_memory && a->num_tokens > 0) {
+            const megamoe_status st = check_topk_weights(l, rank, a);
+            if (st) return st;
+        }
     }
     return l->group->ops->forward(l, args, stream);
 }

@@ -3,6 +3,7 @@
  * forward edge cases, and y bitwise independent of R. (The numbers themselves are checked against an
  * independent float64 reference in tests/py/test_layer_reference.py.)
  */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -377,6 +378,86 @@ static void test_token_counts_and_bad_ids(void **state) {
     tu_model_free(&m);
 }
 
+/* Issue 25's library rules: bounded threads and sizes, a global scale whose 6 x 448 multiple overflows,
+ * non-finite BF16 weights, non-finite routing weights on the CPU backend. Each is refused with a message
+ * naming the value. */
+static void test_hostile_values(void **state) {
+    (void)state;
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    megamoe_group *g = NULL;
+    gc.num_threads = MEGAMOE_MAX_THREADS + 1;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(megamoe_group_last_error(g), "num_threads=1025"));
+    megamoe_group_destroy(g);
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.num_experts = 65536 * 2;
+    expect_create_error(1, c, "E=131072", "1..65536");
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.hidden_size = 1 << 21;
+    expect_create_error(1, c, "H=2097152", "multiple of 256");
+
+    /* NVFP4: weight_scale_2 and w2_input_scale up to FLT_MAX / 2688. */
+    c = small_config(MEGAMOE_FORMAT_NVFP4);
+    tu_model m;
+    tu_model_random(&m, &c, 1, 12);
+    megamoe_layer *l;
+    make_empty(&c, 1, &g, &l);
+    float s2[8];
+    memcpy(s2, m.w2_s2, sizeof s2);
+    megamoe_tensor tg = {MEGAMOE_DTYPE_F32, 1, {8}, s2};
+    s2[2] = 3e38f;
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale_2", &tg), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "w2_weight_scale_2 of expert 2", "6 x 448");
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_input_scale", &tg), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "w2_input_scale of expert 2", "6 x 448");
+    s2[2] = FLT_MAX / 2688.0f; /* the largest accepted */
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight_scale_2", &tg), MEGAMOE_OK);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    tu_model_free(&m);
+
+    /* BF16: a NaN or infinity anywhere in the weights, stacked or per expert. */
+    c = small_config(MEGAMOE_FORMAT_BF16);
+    tu_model_random(&m, &c, 1, 13);
+    make_empty(&c, 2, &g, &l);
+    const size_t w2n = (size_t)8 * 256 * 256;
+    uint16_t *w2 = malloc(w2n * 2);
+    memcpy(w2, m.w2_bf16, w2n * 2);
+    w2[6 * 256 * 256 + 77] = 0x7FC0; /* NaN in expert 6 (rank 1's) */
+    megamoe_tensor tw = {MEGAMOE_DTYPE_BF16, 3, {8, 256, 256}, w2};
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_weight", &tw), MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "w2_weight of expert 6", "NaN");
+    megamoe_tensor te = {MEGAMOE_DTYPE_BF16, 2, {256, 256}, w2 + 6 * 256 * 256};
+    w2[6 * 256 * 256 + 77] = 0xFF80; /* -inf */
+    assert_int_equal(megamoe_layer_load_expert_weight(l, 6, MEGAMOE_PROJ_DOWN, MEGAMOE_FIELD_WEIGHT, &te),
+                     MEGAMOE_ERR_BAD_WEIGHT);
+    expect_msg(l, "experts.6.down_proj.weight", "an infinity");
+    free(w2);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+
+    /* Routing weights: a non-finite one in a slot that counts is bad input; in a -1 slot or on a padding
+     * token it is ignored. */
+    tu_layer_make(&m, 2, &g, &l);
+    tu_inputs in;
+    tu_inputs_random(&in, 10, c.top_k, c.hidden_size, c.num_experts, 7);
+    uint16_t *y = malloc((size_t)10 * 256 * 2);
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        in.weights[7 * c.top_k + 2] = bad[i]; /* token 7: rank 1's token 2 (chunks of 5) */
+        assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_ERR_BAD_INPUT);
+        expect_msg(l, "rank 1 token 2 slot 2", "topk_weights");
+    }
+    in.ids[7 * c.top_k + 2] = -1;
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    free(y);
+    tu_inputs_free(&in);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    tu_model_free(&m);
+}
+
 /* Layers of one shape share one buffer (both formats); interleaved forwards stay correct. */
 static void test_buffer_sharing(void **state) {
     (void)state;
@@ -431,6 +512,7 @@ int main(void) {
         cmocka_unit_test(test_r_invariance_clamp_no_norm),
         cmocka_unit_test(test_token_counts_and_bad_ids),
         cmocka_unit_test(test_buffer_sharing),
+        cmocka_unit_test(test_hostile_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,25 @@ void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 int cli_parse_int(const char *s, int *out);
 int cli_parse_float(const char *s, float *out);
 int cli_parse_u64(const char *s, uint64_t *out);
+/* Checks --threads (0 = one per core, else 1..MEGAMOE_MAX_THREADS) and --ranks (1..72, SPEC §1) for
+ * command cmd; 0 when in range, else prints the rule and returns 1. */
+int cli_check_threads(const char *cmd, int threads);
+int cli_check_ranks(const char *cmd, int ranks);
+
+/* 1 when both paths name one existing file (same device and inode: links and other spellings count). */
+int cli_same_file(const char *a, const char *b);
+
+/* Routing of T tokens checked on the host: every expert id in [-1, E) and, where check_weights, the
+ * weights of the slots that count finite (device backends read them on the device, where the library
+ * does not check them). Names the first bad token and slot; returns 1 when bad. */
+int cli_check_routing(const char *path, int T, int K, int E, const int32_t *ids, const float *w,
+                      const uint8_t *pad, int check_weights);
+
+/* Warns (stderr) about rows of y that are not finite although the token's hidden state is finite and it
+ * is not padding: an overflow inside the layer (huge routing weights or scales), not the NaN row of a
+ * non-finite input. Returns the number of such rows. */
+int cli_warn_nonfinite_y(int T, int H, const uint16_t *x, const uint8_t *pad, const uint16_t *y);
+
 /* "cpu" or "cuda" (and "auto" = cuda when a usable GPU is there, else cpu, where allow_auto). */
 int cli_parse_backend(const char *s, int allow_auto, megamoe_backend *out);
 
@@ -75,6 +94,25 @@ megamoe_status cli_forward_split_on(cli_layer *c, int T, int K, int H, const uin
 megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x, const int32_t *ids,
                                         const float *weights, const uint8_t *padding, uint16_t *y, int iters,
                                         double *ms);
+
+/* The same with the minimum, median and maximum replay time (any pointer may be NULL). */
+megamoe_status cli_forward_split_device_stats(cli_layer *c, int T, int K, int H, const uint16_t *x,
+                                              const int32_t *ids, const float *weights, const uint8_t *padding,
+                                              uint16_t *y, int iters, double *min_ms, double *ms,
+                                              double *max_ms);
+
+/* The name of CUDA device 0, or "" when there is none. */
+void cli_device_name(char *out, size_t n);
+
+/* `bench --json`: appends one JSON object (one line) with the keys shape, format, activations, T,
+ * median_ms, min_ms, max_ms, tflops, weight_gbps, pct_copy (null when < 0), commit (the git describe of
+ * the build), gpu and date (UTC, ISO 8601); activations NULL is written as null. Returns 1 when the write fails. */
+int cli_bench_json_record(FILE *f, const char *shape, const char *format, const char *activations, int T,
+                          double median_ms, double min_ms, double max_ms, double tflops, double weight_gbps,
+                          double pct_copy, const char *gpu);
+
+/* The layer's activations in words ("nvfp4", "bf16"), NULL for a BF16 layer (no such setting). */
+const char *cli_activations_name(const megamoe_layer_config *cfg);
 
 /* The device's copy bandwidth in GB/s (read + written bytes of a 512 MB device-to-device copy, best
  * of 5), the ceiling `bench` reports its weight stream against; 0 when it cannot be measured. */

@@ -2,6 +2,7 @@
  * cli_device.c -- device memory for the CLI's CUDA runs: inputs uploaded, y downloaded, forwards
  * timed with CUDA events. Built against the CUDA runtime when the library has its CUDA backend.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,23 @@ static int dev_io_upload(dev_io *d, int T, int K, int H, const uint16_t *x, cons
 megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x,
                                         const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y,
                                         int iters, double *ms) {
+    return cli_forward_split_device_stats(c, T, K, H, x, ids, w, pad, y, iters, NULL, ms, NULL);
+}
+
+void cli_device_name(char *out, size_t n) {
+    struct cudaDeviceProp p;
+    int dev = 0;
+    if (n == 0) return;
+    out[0] = '\0';
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess)
+        snprintf(out, n, "%s", p.name);
+    else
+        cudaGetLastError();
+}
+
+megamoe_status cli_forward_split_device_stats(cli_layer *c, int T, int K, int H, const uint16_t *x,
+                                              const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y,
+                                              int iters, double *min_ms, double *ms, double *max_ms) {
     dev_io d;
     if (dev_io_upload(&d, T, K, H, x, ids, w, pad)) {
         dev_io_free(&d);
@@ -84,6 +102,8 @@ megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const
                     times[j] = times[j - 1], times[j - 1] = tmp;
                 }
             if (ms) *ms = times[iters / 2];
+            if (min_ms) *min_ms = times[0];
+            if (max_ms) *max_ms = times[iters - 1];
             st = megamoe_layer_check(c->layer);
         } else if (st == MEGAMOE_OK) {
             cli_fail("CUDA graph capture or replay failed: %s", cudaGetErrorString(cudaGetLastError()));
@@ -126,6 +146,17 @@ double cli_device_copy_gbps(void) {
 }
 #else
 double cli_device_copy_gbps(void) { return 0.0; }
+
+void cli_device_name(char *out, size_t n) {
+    if (n) out[0] = '\0';
+}
+
+megamoe_status cli_forward_split_device_stats(cli_layer *c, int T, int K, int H, const uint16_t *x,
+                                              const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y,
+                                              int iters, double *min_ms, double *ms, double *max_ms) {
+    (void)min_ms, (void)max_ms;
+    return cli_forward_split_device(c, T, K, H, x, ids, w, pad, y, iters, ms);
+}
 
 megamoe_status cli_forward_split_device(cli_layer *c, int T, int K, int H, const uint16_t *x,
                                         const int32_t *ids, const float *w, const uint8_t *pad, uint16_t *y,

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +42,59 @@ int cli_parse_int(const char *s, int *out) {
     if (errno || end == s || *end || v < -2147483647L || v > 2147483647L) return 0;
     *out = (int)v;
     return 1;
+}
+
+int cli_check_threads(const char *cmd, int threads) {
+    if (threads >= 0 && threads <= MEGAMOE_MAX_THREADS) return 0;
+    return cli_fail("%s: --threads %d must be in 1..%d (leave it out for one thread per core)", cmd, threads,
+                    MEGAMOE_MAX_THREADS);
+}
+
+int cli_check_ranks(const char *cmd, int ranks) {
+    if (ranks >= 1 && ranks <= 72) return 0;
+    return cli_fail("%s: --ranks R=%d must be in 1..72", cmd, ranks);
+}
+
+int cli_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int cli_check_routing(const char *path, int T, int K, int E, const int32_t *ids, const float *w,
+                      const uint8_t *pad, int check_weights) {
+    for (int t = 0; t < T; t++) {
+        if (pad && pad[t]) continue;
+        for (int k = 0; k < K; k++) {
+            const size_t i = (size_t)t * (size_t)K + (size_t)k;
+            if (ids[i] < -1 || ids[i] >= E)
+                return cli_fail("%s: token %d slot %d: expert id %d is outside [-1, %d)", path, t, k, ids[i],
+                                E);
+            if (check_weights && ids[i] != -1 && !isfinite(w[i]))
+                return cli_fail("%s: token %d slot %d: topk_weights is %g; routing weights must be finite",
+                                path, t, k, (double)w[i]);
+        }
+    }
+    return 0;
+}
+
+int cli_warn_nonfinite_y(int T, int H, const uint16_t *x, const uint8_t *pad, const uint16_t *y) {
+    int count = 0, first = -1;
+    for (int t = 0; t < T; t++) {
+        if (pad && pad[t]) continue;
+        int x_finite = 1, y_finite = 1;
+        for (int h = 0; h < H; h++) {
+            x_finite &= (x[(size_t)t * H + h] & 0x7F80u) != 0x7F80u;
+            y_finite &= (y[(size_t)t * H + h] & 0x7F80u) != 0x7F80u;
+        }
+        if (x_finite && !y_finite && count++ == 0) first = t;
+    }
+    if (count)
+        fprintf(
+            stderr,
+            "megamoe: warning: y of %d token%s (first: token %d) is not finite although the hidden states "
+            "are: a value overflowed float inside the layer (routing weights or weight scales too large)\n",
+            count, count == 1 ? "" : "s", first);
+    return count;
 }
 
 int cli_parse_float(const char *s, float *out) {

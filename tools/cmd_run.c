@@ -1,26 +1,11 @@
 /*
- * cmd_run.c -- `megamoe run`, `megamoe inspect` and `megamoe quantize`.
+ * cmd_run.c -- `megamoe run`: a checkpoint's layer on an inputs file.
  */
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-
-static const char *format_name(megamoe_weight_format f) {
-    return f == MEGAMOE_FORMAT_NVFP4 ? "NVFP4" : "BF16";
-}
-
-static const char *naming_name(megamoe_naming n) {
-    switch (n) {
-    case MEGAMOE_NAMING_STACKED: return "stacked";
-    case MEGAMOE_NAMING_PER_EXPERT: return "per-expert";
-    case MEGAMOE_NAMING_COMPRESSED_TENSORS: return "compressed-tensors";
-    }
-    return "?";
-}
-
-/* ---- run ------------------------------------------------------------------------------------ */
 
 static const char k_run_help[] =
     "usage: megamoe run --checkpoint PATH --input IN --output OUT [options]\n"
@@ -67,6 +52,14 @@ static int open_inputs(const char *path, inputs *in) {
         megamoe_checkpoint_find(in->file, "topk_weights", &in->weights))
         return cli_fail("%s: needs tensors hidden_states, topk_ids and topk_weights", path);
     in->has_padding = megamoe_checkpoint_find(in->file, "is_padding", &in->padding) == MEGAMOE_OK;
+    /* Every dimension fits an int before it is narrowed (a [0, 2^32 + 2] tensor holds no data). */
+    const megamoe_tensor *all[4] = {&in->x, &in->ids, &in->weights, &in->padding};
+    const char *names[4] = {"hidden_states", "topk_ids", "topk_weights", "is_padding"};
+    for (int i = 0; i < (in->has_padding ? 4 : 3); i++)
+        for (int d = 0; d < all[i]->ndim; d++)
+            if (all[i]->shape[d] > 2147483647)
+                return cli_fail("%s: %s has %lld in dimension %d, more than the 2^31 - 1 a size can be", path,
+                                names[i], (long long)all[i]->shape[d], d);
     if (in->x.ndim != 2 || in->x.dtype != MEGAMOE_DTYPE_BF16)
         return cli_fail("%s: hidden_states must be [T, H] BF16, got %s with %d dims", path,
                         megamoe_dtype_name(in->x.dtype), in->x.ndim);
@@ -142,6 +135,11 @@ int cmd_run(int argc, char **argv) {
         fputs(k_run_help, stderr);
         return 2;
     }
+    if (cli_check_threads("run", threads) || (gpus == 0 && cli_check_ranks("run", ranks))) return 1;
+    /* The output never replaces an input: not the inputs file, not a file of the checkpoint. */
+    if (cli_same_file(out_path, in_path) || cli_same_file(out_path, ckpt))
+        return cli_fail("run: --output %s would replace the input %s", out_path,
+                        cli_same_file(out_path, in_path) ? in_path : ckpt);
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail("run: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA "
                         "backend; use --backend cpu");
@@ -158,6 +156,12 @@ int cmd_run(int argc, char **argv) {
         cli_fail("%s", megamoe_checkpoint_last_error(ck));
         goto done;
     }
+    for (int f = 0; f < megamoe_checkpoint_num_files(ck); f++)
+        if (cli_same_file(out_path, megamoe_checkpoint_file(ck, f))) {
+            cli_fail("run: --output %s would replace the checkpoint file %s", out_path,
+                     megamoe_checkpoint_file(ck, f));
+            goto done;
+        }
     megamoe_layer_info info;
     st = megamoe_checkpoint_describe_layer(ck, prefix, &info);
     if (st) {
@@ -170,12 +174,8 @@ int cmd_run(int argc, char **argv) {
                  info.hidden_size);
         goto done;
     }
-    if (ranks < 1) {
-        cli_fail("run: --ranks must be >= 1");
-        goto done;
-    }
     if (gpus > 0) ranks = gpus; /* one rank per GPU */
-    const int chunk = (in.T + ranks - 1) / ranks;
+    const int chunk = (int)(((int64_t)in.T + ranks - 1) / ranks);
     cfg.name = info.prefix[0] ? info.prefix : "moe";
     cfg.num_experts = info.num_experts;
     cfg.top_k = in.K;
@@ -193,6 +193,13 @@ int cmd_run(int argc, char **argv) {
         cli_fail("out of memory");
         goto done;
     }
+    /* Bad routing is refused before any forward, so no partial y is ever written. Device backends read
+     * the weights on the device, where the library does not check them: checked here too. */
+    if (cli_check_routing(in_path, in.T, in.K, info.num_experts, ids, w, pad,
+                          gpus > 0 || backend != MEGAMOE_BACKEND_CPU)) {
+        fprintf(stderr, "megamoe: %s not written\n", out_path);
+        goto done;
+    }
     if (gpus > 0) {
         if (cli_run_gpus(gpus, &cfg, ck, info.prefix, in.T, in.K, in.H, x, ids, w, pad, y)) goto done;
         goto write;
@@ -208,10 +215,12 @@ int cmd_run(int argc, char **argv) {
              ? cli_forward_split(&L, in.T, in.K, in.H, x, ids, w, pad, y)
              : cli_forward_split_device(&L, in.T, in.K, in.H, x, ids, w, pad, y, 0, NULL);
     if (st) {
-        cli_fail("%s: %s", megamoe_status_string(st), megamoe_layer_last_error(L.layer));
+        cli_fail("%s: %s (%s not written)", megamoe_status_string(st), megamoe_layer_last_error(L.layer),
+                 out_path);
         goto done;
     }
-write:;
+write:
+    cli_warn_nonfinite_y(in.T, in.H, x, pad, y);
     megamoe_named_tensor out = {"y", {MEGAMOE_DTYPE_BF16, 2, {in.T, in.H}, y}};
     char err[1024];
     st = megamoe_safetensors_write(out_path, &out, 1, err, sizeof err);
@@ -219,6 +228,7 @@ write:;
         cli_fail("%s", err);
         goto done;
     }
+    fprintf(stderr, "wrote y [%d, %d] to %s\n", in.T, in.H, out_path);
     rc = 0;
 done:
     free(x), free(ids), free(w), free(pad), free(y);
@@ -226,119 +236,4 @@ done:
     megamoe_checkpoint_close(in.file);
     megamoe_checkpoint_close(ck);
     return rc;
-}
-
-/* ---- inspect -------------------------------------------------------------------------------- */
-
-static const char k_inspect_help[] =
-    "usage: megamoe inspect PATH [--tensors]\n"
-    "\n"
-    "Shows what a checkpoint holds: its files, its MoE layers (naming style, format, E, H, I,\n"
-    "post-expert norm, bytes) and, with --tensors, every tensor's dtype and shape.\n";
-
-int cmd_inspect(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"tensors", no_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    int list = 0, c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 't')
-            list = 1;
-        else if (c == 'h')
-            return fputs(k_inspect_help, stdout), 0;
-        else
-            return fputs(k_inspect_help, stderr), 2;
-    }
-    if (optind != argc - 1) return fputs(k_inspect_help, stderr), 2;
-    megamoe_checkpoint *ck = NULL;
-    megamoe_status st = megamoe_checkpoint_open(argv[optind], &ck);
-    if (st) {
-        cli_fail("%s", megamoe_checkpoint_last_error(ck));
-        megamoe_checkpoint_close(ck);
-        return 1;
-    }
-    uint64_t total = 0;
-    for (int i = 0; i < megamoe_checkpoint_num_tensors(ck); i++) {
-        megamoe_tensor t;
-        megamoe_checkpoint_tensor(ck, i, NULL, &t);
-        total += (uint64_t)megamoe_tensor_numel(&t) * megamoe_dtype_size(t.dtype);
-    }
-    printf("%s: %d file%s, %d tensors, %.3f MB\n", argv[optind], megamoe_checkpoint_num_files(ck),
-           megamoe_checkpoint_num_files(ck) == 1 ? "" : "s", megamoe_checkpoint_num_tensors(ck),
-           (double)total / 1e6);
-    int found = 0;
-    st = megamoe_checkpoint_find_layers(ck, NULL, 0, &found);
-    megamoe_layer_info *infos = found > 0 ? calloc((size_t)found, sizeof *infos) : NULL;
-    if (st == MEGAMOE_OK && found > 0)
-        st = infos ? megamoe_checkpoint_find_layers(ck, infos, found, &found) : MEGAMOE_ERR_OUT_OF_MEMORY;
-    if (st) {
-        cli_fail("%s", megamoe_checkpoint_last_error(ck));
-        free(infos);
-        megamoe_checkpoint_close(ck);
-        return 1;
-    }
-    printf("%d MoE layer%s\n", found, found == 1 ? "" : "s");
-    for (int i = 0; i < found; i++) {
-        const megamoe_layer_info *li = &infos[i];
-        printf("  %-40s %-5s %-18s E=%d H=%d I=%d norm=%s %.3f MB\n",
-               li->prefix[0] ? li->prefix : "(no prefix)", format_name(li->format), naming_name(li->naming),
-               li->num_experts, li->hidden_size, li->intermediate_size, li->has_norm ? "yes" : "no",
-               (double)li->bytes / 1e6);
-    }
-    if (list) {
-        for (int i = 0; i < megamoe_checkpoint_num_tensors(ck); i++) {
-            const char *name;
-            megamoe_tensor t;
-            megamoe_checkpoint_tensor(ck, i, &name, &t);
-            printf("  %-60s %-8s [", name, megamoe_dtype_name(t.dtype));
-            for (int d = 0; d < t.ndim; d++)
-                printf(d ? ", %lld" : "%lld", (long long)t.shape[d]);
-            printf("]\n");
-        }
-    }
-    free(infos);
-    megamoe_checkpoint_close(ck);
-    return 0;
-}
-
-/* ---- quantize ------------------------------------------------------------------------------- */
-
-static const char k_quantize_help[] =
-    "usage: megamoe quantize IN OUT [--calib-tokens N] [--seed S] [--clamp C]\n"
-    "\n"
-    "Converts the BF16 expert weights of a checkpoint (stacked or per expert) to NVFP4 in the\n"
-    "per-expert naming, ModelOpt-style: global scale amax/(6*448) per tensor, E4M3 block scales\n"
-    "per 16, E2M1 codes rounded to nearest even. Every other tensor is copied unchanged.\n"
-    "IN is a file (OUT becomes a file) or a folder (OUT becomes a folder with an index).\n"
-    "\n"
-    "The static input scales (input_scale) need activation statistics a weight file does not\n"
-    "hold: they are estimated from N seeded random N(0,1) tokens run through each BF16 expert\n"
-    "(default N=64). For production, calibrate on real data with your quantization toolkit.\n";
-
-int cmd_quantize(int argc, char **argv) {
-    static const struct option opts[] = {{"calib-tokens", required_argument, 0, 'n'},
-                                         {"seed", required_argument, 0, 's'},
-                                         {"clamp", required_argument, 0, 'C'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    megamoe_quantize_options o;
-    megamoe_quantize_options_init(&o);
-    o.progress = cli_progress;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case 'n': ok = cli_parse_int(optarg, &o.calib_tokens) && o.calib_tokens > 0; break;
-        case 's': ok = cli_parse_u64(optarg, &o.calib_seed); break;
-        case 'C': ok = cli_parse_float(optarg, &o.activation_clamp); break;
-        case 'h': fputs(k_quantize_help, stdout); return 0;
-        default: fputs(k_quantize_help, stderr); return 2;
-        }
-        if (!ok) return cli_fail("quantize: bad value '%s' (see megamoe quantize --help)", optarg);
-    }
-    if (optind != argc - 2) return fputs(k_quantize_help, stderr), 2;
-    char err[1024];
-    megamoe_status st = megamoe_quantize_checkpoint(argv[optind], argv[optind + 1], &o, err, sizeof err);
-    if (st) return cli_fail("quantize: %s: %s", megamoe_status_string(st), err);
-    fprintf(stderr, "wrote %s\n", argv[optind + 1]);
-    return 0;
 }

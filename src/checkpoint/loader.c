@@ -17,21 +17,6 @@
 #include "../formats.h"
 #include "checkpoint.h"
 
-typedef struct proj_names {
-    const char *name[3]; /* gate, up, down */
-} proj_names;
-
-static const proj_names k_proj_styles[2] = {{{"gate_proj", "up_proj", "down_proj"}}, {{"w1", "w3", "w2"}}};
-
-/* Field names per style: [0] plain (ModelOpt), [1] compressed-tensors. */
-static const char *const k_fields[2][4] = {
-    {"weight", "weight_scale", "weight_scale_2", "input_scale"},
-    {"weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"}};
-
-static void join_name(char *out, size_t n, const char *prefix, const char *rest) {
-    snprintf(out, n, "%s%s%s", prefix, prefix[0] ? "." : "", rest);
-}
-
 static int starts_with(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
 
 /* Parses "experts.{e}.{proj}.{field}" (after the prefix); returns 1 and fills e, proj (0..2),
@@ -49,8 +34,8 @@ static int parse_expert_name(const char *rest, int *e, int *proj, int *pstyle, i
     *proj = -1;
     for (int s = 0; s < 2; s++)
         for (int j = 0; j < 3; j++)
-            if ((size_t)(dot - p) == strlen(k_proj_styles[s].name[j]) &&
-                strncmp(p, k_proj_styles[s].name[j], (size_t)(dot - p)) == 0) {
+            if ((size_t)(dot - p) == strlen(mm_proj_names[s][j]) &&
+                strncmp(p, mm_proj_names[s][j], (size_t)(dot - p)) == 0) {
                 *proj = j;
                 *pstyle = s;
             }
@@ -59,7 +44,7 @@ static int parse_expert_name(const char *rest, int *e, int *proj, int *pstyle, i
     *field = -2;
     for (int s = 0; s < 2; s++)
         for (int j = 0; j < 4; j++)
-            if (strcmp(f, k_fields[s][j]) == 0 && *field == -2) {
+            if (strcmp(f, mm_field_names[s][j]) == 0 && *field == -2) {
                 *field = j;
                 *fstyle = s;
             }
@@ -111,8 +96,9 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
     snprintf(info->prefix, sizeof info->prefix, "%s", prefix);
     char name[512];
     megamoe_tensor t;
+    int64_t E = 0, H = 0, I = 0;
     for (int packed = 0; packed < 2; packed++) {
-        join_name(name, sizeof name, prefix, packed ? "w13_weight_packed" : "w13_weight");
+        mm_join_name(name, sizeof name, prefix, packed ? "w13_weight_packed" : "w13_weight");
         if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) continue;
         if (t.ndim != 3 || (t.dtype != MEGAMOE_DTYPE_U8 && t.dtype != MEGAMOE_DTYPE_BF16) ||
             (packed && t.dtype != MEGAMOE_DTYPE_U8) || t.shape[1] % 2) {
@@ -124,19 +110,19 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
         }
         info->naming = packed ? MEGAMOE_NAMING_COMPRESSED_TENSORS : MEGAMOE_NAMING_STACKED;
         info->format = t.dtype == MEGAMOE_DTYPE_U8 ? MEGAMOE_FORMAT_NVFP4 : MEGAMOE_FORMAT_BF16;
-        info->num_experts = (int)t.shape[0];
-        info->intermediate_size = (int)(t.shape[1] / 2);
-        info->hidden_size = (int)(info->format == MEGAMOE_FORMAT_NVFP4 ? t.shape[2] * 2 : t.shape[2]);
+        E = t.shape[0];
+        I = t.shape[1] / 2;
+        H = info->format == MEGAMOE_FORMAT_NVFP4 ? t.shape[2] * 2 : t.shape[2];
         break;
     }
-    if (!info->num_experts) {
+    if (!E) {
         /* Per-expert naming: expert 0's gate projection gives the format and the sizes. */
         int found = 0;
         for (int ps = 0; ps < 2 && !found; ps++) {
             for (int fs = 0; fs < 2 && !found; fs++) {
                 char rest[64];
-                snprintf(rest, sizeof rest, "experts.0.%s.%s", k_proj_styles[ps].name[0], k_fields[fs][0]);
-                join_name(name, sizeof name, prefix, rest);
+                snprintf(rest, sizeof rest, "experts.0.%s.%s", mm_proj_names[ps][0], mm_field_names[fs][0]);
+                mm_join_name(name, sizeof name, prefix, rest);
                 if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) continue;
                 found = 1;
                 if (t.ndim != 2 || (t.dtype != MEGAMOE_DTYPE_U8 && t.dtype != MEGAMOE_DTYPE_BF16) ||
@@ -147,8 +133,8 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
                 }
                 info->naming = fs ? MEGAMOE_NAMING_COMPRESSED_TENSORS : MEGAMOE_NAMING_PER_EXPERT;
                 info->format = t.dtype == MEGAMOE_DTYPE_U8 ? MEGAMOE_FORMAT_NVFP4 : MEGAMOE_FORMAT_BF16;
-                info->intermediate_size = (int)t.shape[0];
-                info->hidden_size = (int)(info->format == MEGAMOE_FORMAT_NVFP4 ? t.shape[1] * 2 : t.shape[1]);
+                I = t.shape[0];
+                H = info->format == MEGAMOE_FORMAT_NVFP4 ? t.shape[1] * 2 : t.shape[1];
             }
         }
         if (!found) {
@@ -159,21 +145,28 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
         }
         /* E = 1 + the largest expert id under the prefix. */
         char ex[300];
-        join_name(ex, sizeof ex, prefix, "experts.");
+        mm_join_name(ex, sizeof ex, prefix, "experts.");
         for (int i = 0; i < ck->num_tensors; i++) {
             const char *nm = ck->tensors[i].name;
             if (!starts_with(nm, ex)) continue;
             int e, proj, ps, field, fs;
-            if (parse_expert_name(nm + strlen(ex) - 8, &e, &proj, &ps, &field, &fs) &&
-                e + 1 > info->num_experts)
-                info->num_experts = e + 1;
+            if (parse_expert_name(nm + strlen(ex) - 8, &e, &proj, &ps, &field, &fs) && e + 1 > E) E = e + 1;
         }
     }
+    /* The layer rules run applies (SPEC §1), on the 64-bit sizes, before they are narrowed to int. */
+    char why[MM_ERR_LEN];
+    if (mm_check_layer_shape(E, H, I, why) != MEGAMOE_OK) {
+        mm_set_error(ck->error, "MoE layer '%s' (%s): %s", prefix, name, why);
+        return MEGAMOE_ERR_BAD_WEIGHT;
+    }
+    info->num_experts = (int)E;
+    info->hidden_size = (int)H;
+    info->intermediate_size = (int)I;
     /* Bytes of the layer's expert tensors and its norm. */
     char ex[300], st1[300], st2[300];
-    join_name(ex, sizeof ex, prefix, "experts.");
-    join_name(st1, sizeof st1, prefix, "w13_");
-    join_name(st2, sizeof st2, prefix, "w2_");
+    mm_join_name(ex, sizeof ex, prefix, "experts.");
+    mm_join_name(st1, sizeof st1, prefix, "w13_");
+    mm_join_name(st2, sizeof st2, prefix, "w2_");
     for (int i = 0; i < ck->num_tensors; i++) {
         const char *nm = ck->tensors[i].name;
         if (starts_with(nm, ex) || starts_with(nm, st1) || starts_with(nm, st2)) {
@@ -181,7 +174,7 @@ static megamoe_status describe_prefix(megamoe_checkpoint *ck, const char *prefix
             info->bytes += tensor_bytes(&t);
         }
     }
-    join_name(name, sizeof name, prefix, "post_expert_norm.weight");
+    mm_join_name(name, sizeof name, prefix, "post_expert_norm.weight");
     info->has_norm = megamoe_checkpoint_find(ck, name, NULL) == MEGAMOE_OK;
     return MEGAMOE_OK;
 }
@@ -303,7 +296,7 @@ static megamoe_status load_stacked(megamoe_layer *l, megamoe_checkpoint *ck, con
     char name[512];
     for (int i = 0; i < 8; i++) {
         if (!nvfp4 && i != 0 && i != 4) continue;
-        join_name(name, sizeof name, prefix, packed ? packed_names[i] : names[i]);
+        mm_join_name(name, sizeof name, prefix, packed ? packed_names[i] : names[i]);
         megamoe_tensor t;
         if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) {
             if (i == 3) continue; /* w13_input_scale is kept but unused: optional */
@@ -318,14 +311,14 @@ static megamoe_status load_stacked(megamoe_layer *l, megamoe_checkpoint *ck, con
     }
     /* Anything else under the stacked names is an unknown weight. */
     char w13[300], w2[300];
-    join_name(w13, sizeof w13, prefix, "w13_");
-    join_name(w2, sizeof w2, prefix, "w2_");
+    mm_join_name(w13, sizeof w13, prefix, "w13_");
+    mm_join_name(w2, sizeof w2, prefix, "w2_");
     for (int i = 0; i < ck->num_tensors; i++) {
         const char *nm = ck->tensors[i].name;
         if (!starts_with(nm, w13) && !starts_with(nm, w2)) continue;
         int known = 0;
         for (int j = 0; j < 8 && !known; j++) {
-            join_name(name, sizeof name, prefix, packed ? packed_names[j] : names[j]);
+            mm_join_name(name, sizeof name, prefix, packed ? packed_names[j] : names[j]);
             known = strcmp(nm, name) == 0 && (nvfp4 || j == 0 || j == 4);
         }
         if (!known)
@@ -341,12 +334,12 @@ static megamoe_status load_per_expert(megamoe_layer *l, megamoe_checkpoint *ck, 
     /* Which projection names the checkpoint uses: gate_proj/up_proj/down_proj or w1/w3/w2. */
     char name[512], rest[96];
     int pstyle = 0;
-    snprintf(rest, sizeof rest, "experts.0.w1.%s", k_fields[fstyle][0]);
-    join_name(name, sizeof name, prefix, rest);
+    snprintf(rest, sizeof rest, "experts.0.w1.%s", mm_field_names[fstyle][0]);
+    mm_join_name(name, sizeof name, prefix, rest);
     if (megamoe_checkpoint_find(ck, name, NULL) == MEGAMOE_OK) pstyle = 1;
     /* Every tensor under {prefix}.experts. must be one we know. */
     char ex[300];
-    join_name(ex, sizeof ex, prefix, "experts.");
+    mm_join_name(ex, sizeof ex, prefix, "experts.");
     for (int i = 0; i < ck->num_tensors; i++) {
         const char *nm = ck->tensors[i].name;
         if (!starts_with(nm, ex)) continue;
@@ -361,9 +354,9 @@ static megamoe_status load_per_expert(megamoe_layer *l, megamoe_checkpoint *ck, 
         if (!expert_is_local(l, e)) continue;
         for (int proj = 0; proj < 3; proj++) {
             for (int field = 0; field < (nvfp4 ? 4 : 1); field++) {
-                snprintf(rest, sizeof rest, "experts.%d.%s.%s", e, k_proj_styles[pstyle].name[proj],
-                         k_fields[fstyle][field]);
-                join_name(name, sizeof name, prefix, rest);
+                snprintf(rest, sizeof rest, "experts.%d.%s.%s", e, mm_proj_names[pstyle][proj],
+                         mm_field_names[fstyle][field]);
+                mm_join_name(name, sizeof name, prefix, rest);
                 megamoe_tensor t;
                 if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) {
                     if (field == MEGAMOE_FIELD_INPUT_SCALE && proj != MEGAMOE_PROJ_DOWN) continue;
@@ -405,14 +398,14 @@ megamoe_status megamoe_layer_load_checkpoint(megamoe_layer *l, megamoe_checkpoin
         st = load_per_expert(l, ck, info.prefix, 0, progress, user);
     } else {
         char name[512];
-        join_name(name, sizeof name, info.prefix, "w13_weight_packed");
+        mm_join_name(name, sizeof name, info.prefix, "w13_weight_packed");
         st = megamoe_checkpoint_find(ck, name, NULL) == MEGAMOE_OK
                  ? load_stacked(l, ck, info.prefix, 1)
                  : load_per_expert(l, ck, info.prefix, 1, progress, user);
     }
     if (st) return st;
     char name[512];
-    join_name(name, sizeof name, info.prefix, "post_expert_norm.weight");
+    mm_join_name(name, sizeof name, info.prefix, "post_expert_norm.weight");
     megamoe_tensor t;
     if (megamoe_checkpoint_find(ck, name, &t) == MEGAMOE_OK)
         return annotate(l, ck, name, megamoe_layer_load_norm_weight(l, &t));

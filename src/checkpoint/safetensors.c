@@ -218,21 +218,30 @@ megamoe_status mm_safetensors_parse(const uint8_t *image, uint64_t size, const c
 
 /* ---- Files and checkpoints ------------------------------------------------------------------ */
 
+/* Opens a regular file for reading; anything else (a FIFO, a device, a folder) is refused without
+ * blocking: O_NONBLOCK makes opening a FIFO return at once, and the type is checked on the opened file
+ * so nothing can swap it in between. Returns the descriptor, or -1 with err set. */
+static int open_regular(const char *path, struct stat *sb, char *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        mm_set_error(err, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, sb) != 0 || !S_ISREG(sb->st_mode)) {
+        close(fd);
+        mm_set_error(err, "%s: not a regular file", path);
+        return -1;
+    }
+    return fd;
+}
+
 static megamoe_status map_file(const char *path, mm_ck_file *f, char *err) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
     if (!f->path) return MEGAMOE_ERR_OUT_OF_MEMORY;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        mm_set_error(err, "%s: cannot open: %s", path, strerror(errno));
-        return MEGAMOE_ERR_IO;
-    }
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        mm_set_error(err, "%s: not a regular file", path);
-        return MEGAMOE_ERR_IO;
-    }
+    const int fd = open_regular(path, &sb, err);
+    if (fd < 0) return MEGAMOE_ERR_IO;
     f->size = (uint64_t)sb.st_size;
     if (f->size < 8) {
         close(fd);
@@ -324,8 +333,12 @@ static char *path_join(const char *dir, const char *name) {
 }
 
 static char *read_small_file(const char *path, size_t *len, char *err) {
-    FILE *fp = fopen(path, "rb");
+    struct stat sb;
+    const int fd = open_regular(path, &sb, err);
+    if (fd < 0) return NULL;
+    FILE *fp = fdopen(fd, "rb");
     if (!fp) {
+        close(fd);
         mm_set_error(err, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }

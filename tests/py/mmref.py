@@ -323,9 +323,9 @@ def cli_path():
     return os.environ["MEGAMOE_CLI"]
 
 
-def run_cli(*args, check=True):
+def run_cli(*args, check=True, timeout=600):
     """Runs `megamoe args...`; returns the CompletedProcess (text)."""
-    proc = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([cli_path(), *map(str, args)], capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"megamoe {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
