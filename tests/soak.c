@@ -85,7 +85,9 @@ typedef struct soak_layer {
 
 typedef struct soak {
     int cpu_only;
-    megamoe_group *ref_group;                 /* CPU, one rank */
+    int threads;              /* the CPU reference's worker threads (0: one per core) */
+    int splits;               /* token splits over the ranks run per R > 1: the even one, then random ones */
+    megamoe_group *ref_group; /* CPU, one rank */
     megamoe_group *groups[MAX_R + 1];         /* [R]: the backend under test, R ranks */
     int variants[NUM_VARIANTS], num_variants; /* those the backend under test runs */
     soak_layer layers[NUM_SHAPES][NUM_VARIANTS];
@@ -156,6 +158,7 @@ static int make_layers(soak *S, int s, int v, uint64_t seed) {
 static int setup(soak *S, uint64_t seed) {
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
+    gc.num_threads = S->threads;
     if (megamoe_group_create(&gc, &S->ref_group))
         return fail_setup("CPU group", megamoe_group_last_error(S->ref_group));
     for (int R = 1; R <= MAX_R; R++) {
@@ -345,10 +348,22 @@ static int copy_in(soak *S, const tu_inputs *in) {
 }
 
 /* Forward on the layer under test; y into S->y_host. A status, or -1 for a CUDA copy failure. */
-static int run_under_test(soak *S, megamoe_layer *l, int R, const tu_inputs *in, char *why, size_t n) {
+static int run_under_test(soak *S, megamoe_layer *l, int R, const int *cuts, const tu_inputs *in, char *why,
+                          size_t n) {
     const size_t bytes = (size_t)in->T * in->H * 2;
     megamoe_forward_args args[MAX_R];
     tu_split_args(in, R, S->x, S->ids, S->weights, S->padding, S->y, args);
+    if (cuts) { /* an uneven split: rank r takes tokens [cuts[r], cuts[r + 1]) */
+        for (int r = 0; r < R; r++) {
+            const int t0 = cuts[r];
+            args[r] = (megamoe_forward_args){cuts[r + 1] - t0,
+                                             S->x + (size_t)t0 * in->H,
+                                             S->ids + (size_t)t0 * in->K,
+                                             S->weights + (size_t)t0 * in->K,
+                                             S->padding + t0,
+                                             S->y + (size_t)t0 * in->H};
+        }
+    }
     if (S->cpu_only) {
         memset(S->y, 0xFF, bytes);
     } else {
@@ -412,41 +427,61 @@ static int run_input(soak *S, uint64_t seed, long i) {
     S->nonfinite += d.nonfinite_rows > 0, S->minus1 += d.p_minus1 > 0, S->padded += d.p_padding > 0;
     int first_R = 0;
     const size_t bytes = (size_t)in.T * in.H * 2;
-    for (int R = 1; R <= MAX_R; R++) {
-        if (!L->ranks[R]) continue;
-        describe(&d, R, what, sizeof what);
-        S->forwards++;
-        S->per_r[R]++;
-        if (run_under_test(S, L->ranks[R], R, &in, why, sizeof why)) {
-            fprintf(stderr, "FAIL input %ld (%s): %s\n", i, what, why);
-            failures++;
-            continue;
-        }
-        const double rel = tu_compare_y(&in, S->y_host, S->y_ref, why, sizeof why);
-        const double tol = tu_device_tol(&L->model.cfg);
-        if (rel < 0 || !(rel <= tol)) {
-            if (rel >= 0 || rel != rel) snprintf(why, sizeof why, "relative L2 %.3e over %.0e", rel, tol);
-            fprintf(stderr, "FAIL input %ld (%s): against the CPU: %s\n", i, what, why);
-            failures++;
-            continue;
-        }
-        if (rel > S->worst[d.variant] || !S->worst_what[d.variant][0]) {
-            S->worst[d.variant] = rel;
-            snprintf(S->worst_what[d.variant], sizeof S->worst_what[d.variant], "input %ld: %s", i, what);
-        }
-        if (!first_R) {
-            first_R = R;
-            memcpy(S->y_first, S->y_host, bytes);
-        } else if (memcmp(S->y_first, S->y_host, bytes) != 0) {
-            size_t e = 0;
-            while (e < bytes / 2 && S->y_first[e] == S->y_host[e])
-                e++;
-            fprintf(stderr,
+    for (int R = 1; R <= MAX_R; R++)
+        for (int split = 0; split < (R > 1 && in.T > 0 ? S->splits : 1); split++) {
+            if (!L->ranks[R]) continue;
+            /* Split 0 is the even one; the others cut the T tokens at R - 1 random points (ranks with
+             * no tokens included), drawn from (seed, i, R, split) alone. */
+            int cuts[MAX_R + 1];
+            describe(&d, R, what, sizeof what);
+            if (split > 0) {
+                tu_rng r = {(seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)i * 0xD1B54A32D192ED03ull)) +
+                            (uint64_t)(R * 64 + split) * 0xBF58476D1CE4E5B9ull};
+                cuts[0] = 0, cuts[R] = in.T;
+                for (int c = 1; c < R; c++) { /* insertion sort of the random cut points */
+                    int v = (int)(tu_next(&r) % (uint64_t)(in.T + 1)), j = c;
+                    for (; j > 1 && cuts[j - 1] > v; j--)
+                        cuts[j] = cuts[j - 1];
+                    cuts[j] = v;
+                }
+                size_t len = strlen(what);
+                len += (size_t)snprintf(what + len, sizeof what - len, ", split");
+                for (int c = 0; c < R && len < sizeof what; c++)
+                    len += (size_t)snprintf(what + len, sizeof what - len, " %d", cuts[c + 1] - cuts[c]);
+            }
+            S->forwards++;
+            S->per_r[R]++;
+            if (run_under_test(S, L->ranks[R], R, split > 0 ? cuts : NULL, &in, why, sizeof why)) {
+                fprintf(stderr, "FAIL input %ld (%s): %s\n", i, what, why);
+                failures++;
+                continue;
+            }
+            const double rel = tu_compare_y(&in, S->y_host, S->y_ref, why, sizeof why);
+            const double tol = tu_device_tol(&L->model.cfg);
+            if (rel < 0 || !(rel <= tol)) {
+                if (rel >= 0 || rel != rel) snprintf(why, sizeof why, "relative L2 %.3e over %.0e", rel, tol);
+                fprintf(stderr, "FAIL input %ld (%s): against the CPU: %s\n", i, what, why);
+                failures++;
+                continue;
+            }
+            if (rel > S->worst[d.variant] || !S->worst_what[d.variant][0]) {
+                S->worst[d.variant] = rel;
+                snprintf(S->worst_what[d.variant], sizeof S->worst_what[d.variant], "input %ld: %s", i, what);
+            }
+            if (!first_R) {
+                first_R = R;
+                memcpy(S->y_first, S->y_host, bytes);
+            } else if (memcmp(S->y_first, S->y_host, bytes) != 0) {
+                size_t e = 0;
+                while (e < bytes / 2 && S->y_first[e] == S->y_host[e])
+                    e++;
+                fprintf(
+                    stderr,
                     "FAIL input %ld (%s): y differs from R=%d's at token %zu element %zu (%04x vs %04x)\n", i,
                     what, first_R, e / (size_t)in.H, e % (size_t)in.H, S->y_host[e], S->y_first[e]);
-            failures++;
+                failures++;
+            }
         }
-    }
     S->test_seconds += now() - t;
     tu_inputs_free(&in);
     return failures;
@@ -468,6 +503,8 @@ int main(int argc, char **argv) {
     uint64_t seed = 1;
     soak *S = calloc(1, sizeof *S);
     if (!S) return 1;
+    S->splits = 4;
+    S->threads = 1;
     for (int a = 1; a < argc; a++) {
         const char *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (strcmp(argv[a], "--forwards") == 0)
@@ -478,13 +515,22 @@ int main(int argc, char **argv) {
             seconds = (double)parse_long(argv[a], v), a++;
         else if (strcmp(argv[a], "--only") == 0)
             only = parse_long(argv[a], v), a++;
+        else if (strcmp(argv[a], "--splits") == 0)
+            S->splits = (int)parse_long(argv[a], v), a++;
+        else if (strcmp(argv[a], "--threads") == 0)
+            S->threads = (int)parse_long(argv[a], v), a++;
         else if (strcmp(argv[a], "--cpu") == 0)
             S->cpu_only = 1;
         else {
             fprintf(stderr,
-                    "usage: megamoe_soak [--forwards N] [--seed S] [--seconds LIMIT] [--only I] [--cpu]\n");
+                    "usage: megamoe_soak [--forwards N] [--seed S] [--seconds LIMIT] [--only I] [--splits N] "
+                    "[--threads N] [--cpu]\n");
             return 2;
         }
+    }
+    if (S->splits < 1) {
+        fprintf(stderr, "soak: --splits needs at least 1 (the even split)\n");
+        return 2;
     }
     if (!S->cpu_only && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA)) {
         printf("SKIPPED: no usable sm_90 GPU here, or this build has no CUDA backend (--cpu runs the CPU "
@@ -537,9 +583,10 @@ int main(int argc, char **argv) {
         "soak: %s -- %ld inputs, %ld forwards under test compared with the CPU (the bound of test_gpu) and "
         "across "
         "R (bitwise), %ld failures; worst %.2f of the bound (%s rel L2 %.3e); %.0f s (CPU reference %.0f s, "
-        "under test %.0f s)\n",
+        "%.2f ms per input; under test %.0f s)\n",
         S->failures ? "FAILED" : "passed", S->inputs, S->forwards, S->failures, ratio, k_variants[wv].name,
-        S->worst[wv], now() - t0, S->ref_seconds, S->test_seconds);
+        S->worst[wv], now() - t0, S->ref_seconds, S->inputs ? 1e3 * S->ref_seconds / (double)S->inputs : 0.0,
+        S->test_seconds);
     for (int v = 0; v < NUM_VARIANTS; v++)
         if (S->worst_what[v][0])
             printf("soak: worst rel L2 %-12s %.3e, bound %.0e (%s)\n", k_variants[v].name, S->worst[v],
