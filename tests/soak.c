@@ -4,13 +4,17 @@
  * Every input is drawn afresh: a layer shape, format and activation mode, T from 0 to T_max (0 and 1 often),
  * routing uniform, Zipf-skewed or onto one hot expert, -1 slots, whole tokens without an expert, padding,
  * rows holding NaN or +-Inf, x scaled over many decades. The CPU backend (one rank) computes the
- * reference; the CUDA backend runs the same input on R = 1..8 ranks of one GPU (every R that divides
- * the layer's E). Each device y must keep test_gpu's rules against the CPU (tu_compare_y, relative L2
- * within tu_device_tol) and be bitwise equal to the y of the smallest R.
+ * reference once per input, on one thread (tiny inputs lose more to OpenMP's fork and join than they
+ * gain); the CUDA backend runs the same input on R = 1..8 ranks of one GPU (every R that divides the
+ * layer's E), each R > 1 with the even token split and --splits - 1 random uneven ones. Each device y
+ * must keep test_gpu's rules against the CPU (tu_compare_y, relative L2 within tu_device_tol) and be
+ * bitwise equal to the first y of that input.
  *
  *   megamoe_soak [--forwards N] [--seed S] [--seconds LIMIT] [--only I] [--cpu]
  *     --forwards N    forwards under test to run (default 100000); each input runs once on the CPU and
- *                     then once per R that divides its E (4.4 on average), each compared
+ *                     then once per R that divides its E and split (about 14 on average), each compared
+ *     --splits N      token splits per R > 1: the even one and N - 1 random ones (default 4)
+ *     --threads N     the CPU backend's threads (the reference, and the ranks under --cpu); default 1
  *     --seed S        the data seed (default 1); input i is drawn from (S, i) alone
  *     --seconds L     stop after L seconds (default: no limit); the count reached is printed
  *     --only I        run input I only (to reproduce a failure the soak printed)
