@@ -71,7 +71,7 @@ static void dev_free(dev_inputs *d) {
 }
 
 /* The expert GEMM kernel of every device layer: MEGAMOE_GEMM=mma|wgmma|stream|ws|ws64 forces one (the suite
- * runs once per kernel on the GPU machine: bench/device_check.sh tests), else chosen per forward. */
+ * runs once per kernel on the GPU machine: bench/device/check.sh tests), else chosen per forward. */
 static int g_gemm_kernel;
 /* The activation modes the NVFP4 grid cases run in (SPEC §3b): bit 0 bf16 (W4A16), bit 1 nvfp4;
  * MEGAMOE_TEST_ACTIVATIONS=bf16|nvfp4 takes one (the suite runs both by default). */

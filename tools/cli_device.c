@@ -69,7 +69,7 @@ megamoe_status cli_forward_split_device_stats(cli_layer *c, int T, int K, int H,
         /* Graph-replayed, the L2 flushed before each replay by writing a buffer larger than it.
          * Thread-local capture: with --gpus each rank is a thread, and another rank's cudaMalloc or
          * cudaMemcpy during this capture would otherwise fail it ("operation not permitted when
-         * stream is capturing", seen with EP2 T_max 8192 in session 7). */
+         * stream is capturing", as EP2 with T_max 8192 does). */
         cudaStream_t s = NULL;
         cudaGraph_t graph = NULL;
         cudaGraphExec_t exec = NULL;

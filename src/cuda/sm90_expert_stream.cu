@@ -31,7 +31,7 @@
  * 1, 3, 4 reported, 2 and 5 clean); it is clean only when every thread that writes or waits also
  * arrives, which couples the four consumer warps like a block barrier, 10-15% slower at decode
  * (DECISIONS 89). So racecheck runs with this kernel excluded
- * (bench/device_check.sh); memcheck covers it.
+ * (bench/device/check.sh); memcheck covers it.
  * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
  * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
  */
