@@ -3,16 +3,18 @@
 1. eager overhead: host time per forward of the op (torch.ops.megamoe.experts) and of the module
    (MegaMoEExperts.forward, with its int64 -> int32 id conversion) minus the bare C call
    (megamoe_layer_forward through ctypes on a ForwardArgs filled once), enqueued without a
-   synchronization. The three are timed in turn within each round and op-C is the median of the
-   per-round differences, so a load that drifts between rounds cancels;
+   synchronization. The three are timed in turn within each round; on CUDA the columns are the
+   rounds' medians and op-C the median of the per-round differences (a load that drifts between rounds
+   cancels), on the CPU the fastest round of each and their difference (the rounds least disturbed by
+   other processes on a shared machine);
 2. graph kernel time (CUDA only): the op captured in a torch.cuda.CUDAGraph and replayed, CUDA events
    around many replays, beside `megamoe bench` on the same shape when MEGAMOE_CLI names the CLI.
 
     python3 examples/bench_op.py [--experts 128 --top-k 8 --hidden 2048 --inter 768] [--tokens 1,8,128,512]
                                  [--format nvfp4|bf16] [--device cuda|cpu]
 With --device cpu the layer runs the CPU backend and the sizes default to a tiny layer (E=8 K=2
-H=256 I=256, T=0,1, one thread), where the C forward is short and the binding's host time shows; at
-T=0 the C call does no more than check its arguments.
+H=256 I=256, T=0,1), where the C forward is short and the binding's host time shows (at T=0 the C call
+does little more than check its arguments), timed with this thread's CPU time (--clock, --stat).
 Not a test: it prints numbers (docs/BENCHMARKS.md and docs/PYTHON.md record them).
 """
 import argparse

@@ -251,8 +251,6 @@ class Group:
 
 # ---- Layer ---------------------------------------------------------------------------------------
 
-_forward = _lib.megamoe_layer_forward
-
 
 class Layer:
     """One MoE experts layer (megamoe_layer) of a Group. Holds its group, so the group outlives it
@@ -309,8 +307,6 @@ class Layer:
             _lib.megamoe_layer_destroy(h)
             _raise(st, msg)
         self._cell[0] = h
-        self._args1 = _capi.ForwardArgs()
-        self._args1_ref = ctypes.byref(self._args1)
         with group._lock:
             group._layer_cells[id(self._cell)] = self._cell
 
@@ -395,16 +391,6 @@ class Layer:
         for i, a in enumerate(args):
             arr[i].num_tokens, arr[i].x, arr[i].topk_ids, arr[i].topk_weights, arr[i].is_padding, arr[i].y = a
         self._check(_lib.megamoe_layer_forward(self._h(), arr, stream or None))
-
-    def forward1(self, num_tokens, x, topk_ids, topk_weights, is_padding, y, stream=0):
-        """forward_ptrs for a group of one local rank, through a ForwardArgs the layer keeps (the op's
-        path: no allocation per call). Not for concurrent use from several threads."""
-        a = self._args1
-        a.num_tokens, a.x, a.topk_ids, a.topk_weights, a.is_padding, a.y = (num_tokens, x, topk_ids, topk_weights,
-                                                                          is_padding or None, y)
-        st = _forward(self._cell[0] or self._h(), self._args1_ref, stream or None)
-        if st:
-            self._check(st)
 
     def check(self):
         """Waits for the last forward and raises BadInputError if its device kernels found expert ids

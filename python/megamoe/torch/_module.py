@@ -56,6 +56,9 @@ def close_groups():
 
 atexit.register(close_groups)  # registered after _dist's, so it runs first
 
+_experts = torch.ops.megamoe.experts
+_I64, _HALF_DTYPES = torch.int64, (torch.bfloat16, torch.float16)
+
 
 def _default_device():
     get = getattr(torch, "get_default_device", None)
@@ -245,11 +248,11 @@ class MegaMoEExperts(nn.Module):
         topk_ids [T, K] (int32, or int64: converted) global expert ids, -1 = empty slot; is_padding [T]
         bool. On CUDA, ids outside [-1, E) are reported by check() (no host sync here)."""
         self.input_buffer(hidden_states.shape[0])
-        if topk_ids.dtype == torch.int64:
-            topk_ids = topk_ids.to(torch.int32)
-        if topk_weights.dtype in (torch.bfloat16, torch.float16):
+        if topk_ids.dtype is _I64:
+            topk_ids = topk_ids.int()
+        if topk_weights.dtype in _HALF_DTYPES:
             topk_weights = topk_weights.float()
-        return torch.ops.megamoe.experts(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
+        return _experts(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
 
     def check(self) -> None:
         """Waits for the last forward and raises megamoe.BadInputError if its ids were out of range."""

@@ -5,26 +5,39 @@ values, not Python objects); MegaMoEExperts registers its layer and passes the k
 CPU-backend layer; CUDA tensors a CUDA- or NCCL-backend layer, enqueued on the current CUDA stream.
 Every check is on tensor metadata (no host synchronization), so the op can be captured in a CUDA graph
 and traced by torch.compile (the fake implementation gives the output's shape).
+
+The op is defined with torch.library.Library and one Python kernel for the CPU and CUDA dispatch keys,
+so an eager call crosses from the dispatcher into Python once (torch.library.custom_op wraps a kernel
+in several Python layers, among them an autograd one, which cost more than the C forward's host
+time). The op is not differentiable: it has no autograd formula, and PyTorch's fallback for such ops
+applies (backward through it warns and gives the inputs no gradient).
 """
+import ctypes
 import itertools
 import threading
-from typing import Optional
 
 import torch
 
 import megamoe
+from megamoe import _capi
 
-_registry = {}
+_registry = {}  # key -> megamoe.Layer
+_calls = {}  # key -> the layer's forward on validated tensors (_layer_call)
 _ids = itertools.count(1)
 _lock = threading.Lock()
 
 
 def register(layer):
-    """Makes a megamoe.Layer reachable from the op; returns its key."""
-    layer._torch_device = _layer_device(layer)
+    """Makes a megamoe.Layer of a one-rank group reachable from the op; returns its key."""
+    if layer.group.local_ranks != 1:
+        raise megamoe.InvalidArgumentError(
+            f"megamoe layer {layer.name!r}: the torch op runs layers of one local rank, this group has "
+            f"{layer.group.local_ranks}", 1)
+    call = _layer_call(layer)
     with _lock:
         key = next(_ids)
         _registry[key] = layer
+        _calls[key] = call
     return key
 
 
@@ -32,6 +45,7 @@ def unregister(key):
     """Drops the registry's reference (and closes the layer, which nothing else may use after this)."""
     with _lock:
         layer = _registry.pop(key, None)
+        _calls.pop(key, None)
     if layer is not None:
         layer.close()
 
@@ -47,6 +61,61 @@ def _layer_device(layer):
     if layer.group.backend == "cpu":
         return torch.device("cpu")
     return torch.device("cuda", layer.group.device)
+
+
+_BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
+_PAD_DTYPES = (torch.bool, torch.uint8)
+_forward = _capi.lib.megamoe_layer_forward
+
+
+# The output y, shaped and strided as hidden_states (which the kernel requires contiguous: its strides
+# differ from [H, 1] only where T <= 1, where they do not matter), by the kernel and the fake
+# implementation alike, so that both give y the same strides.
+_new_y = torch.empty_like
+
+
+def _layer_call(layer):
+    """The layer's forward on tensors: checks what the C library cannot see (dtype, device, shape,
+    contiguity, alignment of hidden_states on the GPU; in one expression, the messages built only on
+    the slow path), allocates y and calls megamoe_layer_forward on a ForwardArgs the layer keeps (not
+    for concurrent use from several threads, like the C layer). The C library checks the rest (a
+    finalized layer, T against the layer's maximum, ids and routing weights on the CPU) and its error
+    raises with the layer's message."""
+    H, K = layer.hidden_size, layer.top_k
+    cell = layer._cell  # [handle]; None once the layer or its group is closed
+    on_cuda = layer.group.backend != "cpu"
+    dev_index = layer.group.device if on_cuda else -1  # Tensor.get_device(): -1 on the CPU
+    align = 15 if on_cuda else 0
+    args = _capi.ForwardArgs()
+    args_ref = ctypes.byref(args)
+    raw_stream = torch._C._cuda_getCurrentRawStream if on_cuda else None
+
+    def call(x, w, ids, pad):
+        try:
+            T, h = x.shape
+            ok = (x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32 and h == H
+                  and w.shape == (T, K) and ids.shape == (T, K)
+                  and x.get_device() == dev_index and w.get_device() == dev_index and ids.get_device() == dev_index
+                  and x.is_contiguous() and w.is_contiguous() and ids.is_contiguous()
+                  and not (x.data_ptr() & align)
+                  and (pad is None or (pad.dtype in _PAD_DTYPES and pad.shape == (T,) and pad.get_device() == dev_index
+                                       and pad.is_contiguous()))
+                  and cell[0] is not None)
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            _validate_slow(layer, x, w, ids, pad)
+            T = x.shape[0]
+        y = _new_y(x)
+        args.num_tokens, args.x, args.topk_ids, args.topk_weights, args.y = T, x.data_ptr(), ids.data_ptr(), \
+            w.data_ptr(), y.data_ptr()
+        args.is_padding = pad.data_ptr() if pad is not None else None
+        st = _forward(cell[0], args_ref, raw_stream(dev_index) if on_cuda else None)
+        if st:
+            layer._check(st)
+        return y
+
+    return call
 
 
 def _check_tensor(layer, what, t, dtypes, shape, device):
@@ -65,76 +134,53 @@ def _check_tensor(layer, what, t, dtypes, shape, device):
             f"{where}: not contiguous (strides {tuple(t.stride())}); pass .contiguous()", 1)
 
 
-_BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
-
-
-def validate(layer, hidden_states, topk_weights, topk_ids, is_padding):
-    """Raises megamoe.InvalidArgumentError / BadInputError naming the argument and value. The common
-    case (everything right) is one expression; the messages are built only on the slow path."""
-    try:
-        dev = layer._torch_device
-        x, w, ids = hidden_states, topk_weights, topk_ids
-        T = x.shape[0]
-        if (layer._cell[0] is not None and layer.finalized and T <= layer.max_tokens and x.dim() == 2
-                and x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32
-                and x.shape[1] == layer.hidden_size and w.shape == ids.shape and w.dim() == 2
-                and w.shape[0] == T and w.shape[1] == layer.top_k
-                and x.device == dev and w.device == dev and ids.device == dev
-                and x.is_contiguous() and w.is_contiguous() and ids.is_contiguous()
-                and (is_padding is None or (is_padding.dtype in (torch.bool, torch.uint8) and is_padding.dim() == 1
-                                            and is_padding.shape[0] == T and is_padding.device == dev
-                                            and is_padding.is_contiguous()))
-                and (dev.type == "cpu" or T == 0 or x.data_ptr() % 16 == 0)):
-            return
-    except (AttributeError, TypeError, IndexError):
-        pass
-    _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding)
-
-
 def _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding):
+    """Raises megamoe.InvalidArgumentError (or ClosedError) naming the argument and value that the fast
+    check of _layer_call refused."""
     if layer.closed:
         layer._h()  # raises ClosedError with the reason
-    if not layer.finalized:
-        raise megamoe.NotFinalizedError(f"megamoe layer {layer.name!r}: forward before finalize", 4)
     device = _layer_device(layer)
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
         got = tuple(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
         raise megamoe.InvalidArgumentError(
             f"megamoe layer {layer.name!r}: hidden_states {got}, expected [T, {layer.hidden_size}]", 1)
     T, H, K = hidden_states.shape[0], layer.hidden_size, layer.top_k
-    if T > layer.max_tokens:
-        raise megamoe.BadInputError(
-            f"megamoe layer {layer.name!r}: {T} tokens, but the layer was created for at most {layer.max_tokens} "
-            "(num_max_tokens_per_rank)", 5)
     _check_tensor(layer, "hidden_states", hidden_states, (torch.bfloat16,), (T, H), device)
     _check_tensor(layer, "topk_weights", topk_weights, (torch.float32,), (T, K), device)
     _check_tensor(layer, "topk_ids", topk_ids, (torch.int32,), (T, K), device)
     if is_padding is not None:
         _check_tensor(layer, "is_padding", is_padding, (torch.bool, torch.uint8), (T,), device)
-    if device.type == "cuda" and T > 0 and hidden_states.data_ptr() % 16:
+    if device.type == "cuda" and hidden_states.data_ptr() % 16:
         raise megamoe.InvalidArgumentError(
             f"megamoe layer {layer.name!r}: hidden_states at address {hidden_states.data_ptr():#x} is not 16-byte "
             "aligned", 1)
 
 
-@torch.library.custom_op("megamoe::experts", mutates_args=())
-def experts(layer_id: int, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-            is_padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+# ---- the op --------------------------------------------------------------------------------------
+
+_lib = torch.library.Library("megamoe", "DEF")
+_lib.define("experts(SymInt layer_id, Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, "
+            "Tensor? is_padding=None) -> Tensor")
+
+
+def _experts_kernel(layer_id, hidden_states, topk_weights, topk_ids, is_padding=None):
     """y [T, H] bf16 = the experts of layer `layer_id` on hidden_states [T, H] bf16, topk_weights [T, K]
     float32, topk_ids [T, K] int32 (global expert ids, -1 = empty slot), is_padding [T] bool or None."""
-    layer = lookup(layer_id)
-    validate(layer, hidden_states, topk_weights, topk_ids, is_padding)
-    y = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
-    stream = 0
-    if hidden_states.is_cuda:
-        stream = torch.cuda.current_stream(hidden_states.device).cuda_stream
-    pad = is_padding.data_ptr() if is_padding is not None else 0
-    layer.forward1(hidden_states.shape[0], hidden_states.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(), pad,
-                   y.data_ptr(), stream)
-    return y
+    try:
+        call = _calls[layer_id]
+    except KeyError:
+        lookup(layer_id)  # raises ClosedError
+    return call(hidden_states, topk_weights, topk_ids, is_padding)
 
 
-@experts.register_fake
+_lib.impl("experts", _experts_kernel, "CPU")
+_lib.impl("experts", _experts_kernel, "CUDA")
+
+
+@torch.library.register_fake("megamoe::experts", lib=_lib)
 def _experts_fake(layer_id, hidden_states, topk_weights, topk_ids, is_padding=None):
     torch._check(hidden_states.dim() == 2, lambda: "megamoe.experts: hidden_states must be [T, H]")
-    return torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
+    return _new_y(hidden_states)
+
+
+experts = torch.ops.megamoe.experts
