@@ -170,6 +170,81 @@ def test_bad_inputs_raise_and_layer_keeps_working():
     assert issubclass(megamoe.BadInputError, megamoe.Error) and issubclass(megamoe.ClosedError, megamoe.Error)
 
 
+def test_op_errors_name_argument_and_value():
+    """The op called directly (as engines and torch.compile call it), not through the module: each bad
+    input raises a megamoe.Error naming the argument and value, whether the op's own checks (what the C
+    library cannot see: dtype, shape, device, contiguity) or the C library's (finalize, T, routing
+    weights) find it, and the layer keeps working."""
+    model, x, ids, w, pad = layer_case("bf16", T=16)
+    m = tu.make_module(model, K=4, t_max=16, prefix="L8")
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    op, key = torch.ops.megamoe.experts, m._layer_id
+    y0 = op(key, X, W, ID, P)
+    assert tu.same_bits(y0, m(X, W, ID, P))
+    bad_w = W.clone()
+    live = (ID[:, 0] != -1) & ~P.bool()
+    t = int(torch.nonzero(live)[0, 0])
+    bad_w[t, 0] = float("inf")
+    cases = [
+        ((10**9, X, W, ID, P), megamoe.ClosedError, "no layer with id 1000000000"),
+        ((key, X, W, ID, P.int()), megamoe.InvalidArgumentError, "L8'?: is_padding: dtype int32, expected bool or uint8"),
+        ((key, X.reshape(-1), W, ID, P), megamoe.InvalidArgumentError, r"hidden_states \(4096,\), expected \[T, 256\]"),
+        ((key, X, W[:8], ID, P), megamoe.InvalidArgumentError, r"topk_weights: shape \(8, 4\), expected \(16, 4\)"),
+        ((key, X[:, ::2], W, ID, P), megamoe.InvalidArgumentError, r"hidden_states: shape \(16, 128\), expected \(16, 256\)"),
+        ((key, torch.zeros(256, 16, dtype=torch.bfloat16).t(), W, ID, P), megamoe.InvalidArgumentError,
+         r"hidden_states: not contiguous \(strides \(1, 16\)\)"),
+        ((key, X, bad_w, ID, P), megamoe.BadInputError, rf"layer 'L8'.*token {t} slot 0: topk_weights is inf"),
+        ((key, torch.zeros(17, 256, dtype=torch.bfloat16), torch.ones(17, 4), torch.zeros(17, 4, dtype=torch.int32), None),
+         megamoe.BadInputError, "layer 'L8'.*17 tokens.*16"),
+    ]
+    for a, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            op(*a)
+    assert tu.same_bits(op(key, X, W, ID, P), y0), "the layer changed after bad input"
+    # a layer not finalized: the C library refuses the forward
+    raw = MegaMoEExperts(num_experts=8, num_local_experts=8, experts_start_idx=0, top_k=4, hidden_size=256,
+                         intermediate_size=256, num_max_tokens_per_rank=16, is_nvfp4=False, prefix="L9", device="cpu")
+    with pytest.raises(megamoe.NotFinalizedError, match="L9.*finalize"):
+        op(raw._layer_id, X, W, ID, P)
+
+
+def test_op_refuses_a_layer_of_several_ranks():
+    """The op passes one megamoe_forward_args: a layer of R > 1 local ranks (which reads R of them) is
+    refused when registered, not run on memory past the one it is given."""
+    from megamoe.torch import _op
+
+    layer = megamoe.Layer(megamoe.Group("cpu", num_ranks=2), num_experts=8, top_k=2, hidden_size=256,
+                          intermediate_size=256, max_tokens=4, format="bf16", name="two")
+    with pytest.raises(megamoe.InvalidArgumentError, match="'two'.*one local rank.*2"):
+        _op.register(layer)
+
+
+def test_op_in_grad_mode_and_not_differentiable():
+    """Inputs that require grad (a model run without torch.no_grad) give the same y; the op has no
+    autograd formula, so backward through it gives no gradient: PyTorch warns or raises, naming the op
+    (which of the two depends on how the op is registered and on the torch version), never a silent
+    gradient."""
+    model, x, ids, w, pad = layer_case("bf16", T=8)
+    m = tu.make_module(model, K=4, t_max=8)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    y0 = m(X, W, ID, P)
+    Xg, Wg = X.clone().requires_grad_(), W.clone().requires_grad_()
+    y = m(Xg, Wg, ID, P)
+    assert tu.same_bits(y.detach(), y0)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            y.float().sum().backward()
+            raised = None
+        except RuntimeError as e:
+            raised = str(e)
+    said = raised or " ".join(str(c.message) for c in caught)
+    assert "megamoe" in said and ("autograd" in said), said
+    assert Xg.grad is None and Wg.grad is None
+
+
 def test_bad_scale_raises_and_loading_again_works():
     model, x, ids, w, pad = layer_case("nvfp4", T=16)
     m = MegaMoEExperts(num_experts=8, num_local_experts=8, experts_start_idx=0, top_k=4, hidden_size=256,
