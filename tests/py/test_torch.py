@@ -185,17 +185,19 @@ def test_op_errors_name_argument_and_value():
     live = (ID[:, 0] != -1) & ~P.bool()
     t = int(torch.nonzero(live)[0, 0])
     bad_w[t, 0] = float("inf")
+    Inv, Bad = megamoe.InvalidArgumentError, megamoe.BadInputError
+    x17, w17 = torch.zeros(17, 256, dtype=torch.bfloat16), torch.ones(17, 4)
+    ids17 = torch.zeros(17, 4, dtype=torch.int32)
     cases = [
         ((10**9, X, W, ID, P), megamoe.ClosedError, "no layer with id 1000000000"),
-        ((key, X, W, ID, P.int()), megamoe.InvalidArgumentError, "L8'?: is_padding: dtype int32, expected bool or uint8"),
-        ((key, X.reshape(-1), W, ID, P), megamoe.InvalidArgumentError, r"hidden_states \(4096,\), expected \[T, 256\]"),
-        ((key, X, W[:8], ID, P), megamoe.InvalidArgumentError, r"topk_weights: shape \(8, 4\), expected \(16, 4\)"),
-        ((key, X[:, ::2], W, ID, P), megamoe.InvalidArgumentError, r"hidden_states: shape \(16, 128\), expected \(16, 256\)"),
-        ((key, torch.zeros(256, 16, dtype=torch.bfloat16).t(), W, ID, P), megamoe.InvalidArgumentError,
+        ((key, X, W, ID, P.int()), Inv, "L8'?: is_padding: dtype int32, expected bool or uint8"),
+        ((key, X.reshape(-1), W, ID, P), Inv, r"hidden_states \(4096,\), expected \[T, 256\]"),
+        ((key, X, W[:8], ID, P), Inv, r"topk_weights: shape \(8, 4\), expected \(16, 4\)"),
+        ((key, X[:, ::2], W, ID, P), Inv, r"hidden_states: shape \(16, 128\), expected \(16, 256\)"),
+        ((key, torch.zeros(256, 16, dtype=torch.bfloat16).t(), W, ID, P), Inv,
          r"hidden_states: not contiguous \(strides \(1, 16\)\)"),
-        ((key, X, bad_w, ID, P), megamoe.BadInputError, rf"layer 'L8'.*token {t} slot 0: topk_weights is inf"),
-        ((key, torch.zeros(17, 256, dtype=torch.bfloat16), torch.ones(17, 4), torch.zeros(17, 4, dtype=torch.int32), None),
-         megamoe.BadInputError, "layer 'L8'.*17 tokens.*16"),
+        ((key, X, bad_w, ID, P), Bad, rf"layer 'L8'.*token {t} slot 0: topk_weights is inf"),
+        ((key, x17, w17, ids17, None), Bad, "layer 'L8'.*17 tokens.*16"),
     ]
     for a, exc, msg in cases:
         with pytest.raises(exc, match=msg):
