@@ -77,8 +77,8 @@ static int write_shard(const char *name, const uint8_t *hdr, size_t nh, const ui
  * it), the inputs' files too at exit (in between they are rewritten in place; one-file inputs read only
  * a.safetensors, and a folder input writes all three). */
 static void remove_files(int all) {
-    static const char *const names[] = {"q.safetensors", "q.safetensors.tmp", "a.safetensors", "b.safetensors",
-                                        "model.safetensors.index.json"};
+    static const char *const names[] = {"q.safetensors", "q.safetensors.tmp", "a.safetensors",
+                                        "b.safetensors", "model.safetensors.index.json"};
     char path[512];
     for (size_t i = 0; i < (all ? 5u : 2u); i++) {
         snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
@@ -90,7 +90,8 @@ static void remove_files(int all) {
 static void load_layer(megamoe_checkpoint *ck, const char *prefix, int ranks) {
     megamoe_layer_info info;
     if (megamoe_checkpoint_describe_layer(ck, prefix, &info) != MEGAMOE_OK) return;
-    if ((int64_t)info.num_experts * info.hidden_size * info.intermediate_size > 4 * 256 * 512) return; /* quick to load */
+    if ((int64_t)info.num_experts * info.hidden_size * info.intermediate_size > 4 * 256 * 512)
+        return; /* quick to load */
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
     gc.num_ranks = ranks;
@@ -124,7 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t size) {
     }
     if (size < 5) return 0;
     const int flags = in[0];
-    const size_t D = ((size_t)in[1] | (size_t)in[2] << 8 | (size_t)in[3] << 16 | (size_t)in[4] << 24) % (1u << 18);
+    const size_t D =
+        ((size_t)in[1] | (size_t)in[2] << 8 | (size_t)in[3] << 16 | (size_t)in[4] << 24) % (1u << 18);
     const uint8_t *p = in + 5, *end = in + size, *sec[3];
     size_t len[3];
     for (int i = 0; i < 3; i++) {
@@ -140,8 +142,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t size) {
     fill_pattern(data, D, p, (size_t)(end - p));
     const int folder = flags & 1;
     int ok = write_shard("a.safetensors", sec[1], len[1], data, D);
-    if (folder) ok = ok && write_shard("b.safetensors", sec[2], len[2], data, D) &&
-                     write_file("model.safetensors.index.json", sec[0], len[0], NULL, 0);
+    if (folder)
+        ok = ok && write_shard("b.safetensors", sec[2], len[2], data, D) &&
+             write_file("model.safetensors.index.json", sec[0], len[0], NULL, 0);
     if (!ok) abort(); /* the temporary folder must be writable */
     char path[512];
     snprintf(path, sizeof path, folder ? "%s" : "%s/a.safetensors", g_dir);
