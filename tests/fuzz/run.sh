@@ -46,6 +46,7 @@ if [ -z "${FUZZ_NO_BUILD:-}" ]; then
   [ -z "${FUZZ_BUILD_ONLY:-}" ] || { echo "fuzz: built ${targets[*]} into $out"; exit 0; }
 fi
 root=$PWD
+outabs=$(cd "$out" && pwd) # FUZZ_DIR relative to the repo root or absolute
 for t in "${targets[@]}"; do
   [ -x "$out/fuzz_$t" ] || { echo "fuzz: no binary $out/fuzz_$t (build it first: FUZZ_BUILD_ONLY=1)"; exit 2; }
   mkdir -p "$out/corpus/$t"
@@ -61,9 +62,9 @@ for t in "${targets[@]}"; do
   work=$out/jobs_$t
   rm -rf "$work" && mkdir -p "$work"
   set +e
-  (cd "$work" && "$root/$out/fuzz_$t" -max_total_time="$seconds" -max_len=$([ "$t" = loader ] && echo 65536 || echo 8192) \
+  (cd "$work" && "$outabs/fuzz_$t" -max_total_time="$seconds" -max_len=$([ "$t" = loader ] && echo 65536 || echo 8192) \
     -timeout="${FUZZ_TIMEOUT:-10}" -rss_limit_mb=4096 -print_final_stats=1 "${opts[@]}" \
-    -artifact_prefix="$root/tests/fuzz/" "$root/$out/corpus/$t" "$root/tests/fuzz/corpus/$t") >"$log" 2>&1
+    -artifact_prefix="$root/tests/fuzz/" "$outabs/corpus/$t" "$root/tests/fuzz/corpus/$t") >"$log" 2>&1
   rc=$?
   set -e
   logs=("$log")
@@ -86,5 +87,6 @@ for t in "${targets[@]}"; do
     exit 1
   fi
   secs=$(grep -ho 'Done [0-9]* runs in [0-9]* second' "${logs[@]}" | grep -o 'in [0-9]*' | tr -d 'in ' | sort -n | tail -1)
-  echo "fuzz: $t ${secs:-$seconds}s, $execs executions ($jobs worker(s), $((execs / ${secs:-$seconds})) per second), no crash; corpus $(ls "tests/fuzz/corpus/$t" | wc -l) seeds + $(ls "$out/corpus/$t" | wc -l) found (log $log)"
+  secs=${secs:-$seconds}
+  echo "fuzz: $t ${secs}s, $execs executions ($jobs worker(s), $((execs / (secs > 0 ? secs : 1))) per second), no crash; corpus $(ls "tests/fuzz/corpus/$t" | wc -l) seeds + $(ls "$out/corpus/$t" | wc -l) found (log $log)"
 done
