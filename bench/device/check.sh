@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, after bench/device/stage.sh here (carry .devbin): the GPU
 # verification in one command. Prints one line per step and a verdict; logs under $OUT/logs.
-#   usage: bash bench/device/check.sh [tests] [sanitize] [multi] [demo] [bench] [soak]  (none: all but soak)
+#   usage: bash bench/device/check.sh [tests] [sanitize] [multi] [demo] [bench] [soak] [fuzz]
+#             (none: all but soak and fuzz)
 #   tests     test_gpu in every kernel mode (KERNEL_MODES: chosen per forward, then each kernel forced),
 #             and test_graph (10^4 CUDA graph replays per case on new inputs, bitwise equal to eager)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck over test_gpu --quick in
@@ -10,6 +11,12 @@
 #   demo      megamoe demo
 #   soak      megamoe_soak: SOAK_FORWARDS (10^5) random forwards on R = 1..8 ranks against the CPU
 #             backend, stopping after SOAK_SECONDS (540); alone, only when named
+#   fuzz      the loader and forward fuzz targets staged in .devbin/fuzz (tests/fuzz/run.sh, no compiler
+#             needed) on the CPU cores, both at once for FUZZ_SECONDS (400): FUZZ_JOBS (nproc - 2)
+#             workers in all, a fifth for loader (its inputs are ~3.7x quicker: 3 of 14) and the rest
+#             for forward (FUZZ_JOBS_LOADER / FUZZ_JOBS_FORWARD to choose); per target executions,
+#             exec/s and crashes (0 to pass); crash inputs and the corpora found come back under
+#             $OUT/fuzz/; alone, only when named
 #   bench     the benchmark table: three shapes x NVFP4/BF16 (x both NVFP4 activation modes when the
 #             build has --activations), T = 1..8192; --json records to $OUT/bench.jsonl when it has --json
 # env: KERNEL_MODES, TOOLS, JOBS_PER_GPU (test and sanitizer runs at once per GPU, default 1; the
@@ -95,6 +102,31 @@ if [[ $what == *" soak "* ]]; then
   timeout $((${SOAK_SECONDS:-540} + 50)) $B/megamoe_soak --forwards "${SOAK_FORWARDS:-100000}" \
     --seconds "${SOAK_SECONDS:-540}" --seed "${SOAK_SEED:-1}" > "$L/soak.log" 2>&1
   echo "soak: exit $?, $(grep -E '^soak: (passed|FAILED)' "$L/soak.log" | tail -n 1)" | tee "$L/result_soak.txt"
+fi
+if [[ $what == *" fuzz "* ]]; then
+  # Both targets at once: one after the other at FUZZ_SECONDS each would not fit one 10-minute device
+  # call, and the cores do the same executions either way (independent workers, one core each).
+  fj=${FUZZ_JOBS:-$(($(nproc) - 2))}
+  fjl=${FUZZ_JOBS_LOADER:-$(((fj + 2) / 5 > 0 ? (fj + 2) / 5 : 1))}
+  fjf=${FUZZ_JOBS_FORWARD:-$((fj - fjl > 0 ? fj - fjl : 1))}
+  mkdir -p "$OUT/fuzz"
+  rm -f tests/fuzz/crash-* tests/fuzz/leak-* tests/fuzz/timeout-* tests/fuzz/oom-* tests/fuzz/slow-unit-*
+  for t in loader forward; do
+    jt=$fjl; [ $t = forward ] && jt=$fjf
+    FUZZ_DIR=$B/fuzz FUZZ_NO_BUILD=1 FUZZ_JOBS=$jt timeout $((${FUZZ_SECONDS:-400} + 120)) \
+      bash tests/fuzz/run.sh "${FUZZ_SECONDS:-400}" $t > "$L/fuzz_$t.log" 2>&1 &
+  done
+  wait
+  crashes=$(ls tests/fuzz/ | grep -cE '^(crash|leak|timeout|oom)-')
+  cp tests/fuzz/crash-* tests/fuzz/leak-* tests/fuzz/timeout-* tests/fuzz/oom-* "$OUT/fuzz/" 2>/dev/null
+  for t in loader forward; do
+    line=$(grep -E '^fuzz: ' "$L/fuzz_$t.log" | tail -n 1)
+    rc=1; [[ $line == *"no crash"* ]] && [ "$crashes" = 0 ] && rc=0
+    echo "fuzz_$t: exit $rc, ${line:-no summary (see $L/fuzz_$t.log)}; crash/leak/timeout/oom inputs (both targets): $crashes" |
+      tee "$L/result_fuzz_$t.txt"
+    tar czf "$OUT/fuzz/corpus_$t.tar.gz" -C "$B/fuzz/corpus" "$t" 2>/dev/null
+    cp -r "$B/fuzz/jobs_$t" "$L/fuzz_jobs_$t" 2>/dev/null
+  done
 fi
 if has demo; then
   timeout "$STEP_TIMEOUT" $B/megamoe demo > "$L/demo.log" 2>&1

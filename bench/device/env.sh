@@ -1,6 +1,15 @@
 # Sourced by the GPU-machine scripts (from the repo root): the libraries staged in .devbin/libs, and
 # NCCL 2.28.9 from the PyTorch wheel first on the loader path (the system copy, 2.28.3, lacks parts
 # of the device API the binaries were built against).
+# The binaries come packed (bench/device/stage.sh): unpack .devbin/bins.tar.xz once per staging, with
+# xz, or with Python's lzma where xz is missing.
+if [ -f .devbin/bins.tar.xz ] && { [ ! -f .devbin/.unpacked ] || [ .devbin/bins.tar.xz -nt .devbin/.unpacked ]; }; then
+  if command -v xz >/dev/null; then
+    xz -dc .devbin/bins.tar.xz | tar -xf - -C .devbin
+  else
+    python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' .devbin/bins.tar.xz .devbin
+  fi && touch .devbin/.unpacked
+fi
 NCCL_DIR=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
 export LD_LIBRARY_PATH="$PWD/.devbin/libs:${NCCL_DIR:+$NCCL_DIR/lib:}${LD_LIBRARY_PATH:-}"
 # The GEMM kernel modes test_gpu runs in (MEGAMOE_GEMM=...): chosen per forward, then each forced.

@@ -10,7 +10,11 @@
  *   byte 1   T as a signed byte (-128..127) when bit 2 is set; byte 2 how many of the T go to rank 0
  *   then a safetensors image. Tensors of another dtype or rank are skipped, as run refuses them; the
  *   arrays handed to the forward are the tensors' bytes, cut or zero-extended to T rows.
- * The layer: E = 4, K = 2, H = I = 256, T_max = 8 per rank, random weights of a fixed seed.
+ * The layer: E = 4, K = 2, H = I = 256 (the smallest legal H and I), T_max = 4 per rank (8 tokens over
+ * two ranks, 16 slots for 4 experts: every expert can get tokens from both ranks, and T above T_max is
+ * one step away), random weights of a fixed seed. Each bound is small because an input's time is the
+ * experts' multiply-adds; run.sh builds this target at -O2 and leaves the arithmetic leaves out of the
+ * coverage and UBSan instrumentation (tests/fuzz/coverage_ignore.txt, ubsan_ignore.txt).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +22,7 @@
 
 #include "internal.h"
 
-enum { E = 4, K = 2, H = 256, I = 256, T_MAX = 8 };
+enum { E = 4, K = 2, H = 256, I = 256, T_MAX = 4 };
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next(void) {

@@ -12,6 +12,7 @@
  *   shard b's header JSON; the remaining bytes are the pattern the data regions are filled with.
  * Shard x.safetensors is u64 header length, the header, then D bytes of the pattern repeated.
  */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,36 +23,64 @@
 
 static char g_dir[256];
 
+/* Writes a then b as the whole content of the folder's file `name`. The file is rewritten in place and
+ * cut to length rather than removed and created again: on tmpfs that reuses its pages, which makes the
+ * next input's write a copy instead of page allocations. */
 static int write_file(const char *name, const uint8_t *a, size_t na, const uint8_t *b, size_t nb) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int ok = (na == 0 || fwrite(a, 1, na, f) == na) && (nb == 0 || fwrite(b, 1, nb, f) == nb);
-    return fclose(f) == 0 && ok;
+    const int fd = open(path, O_WRONLY | O_CREAT, 0600);
+    if (fd < 0) return 0;
+    int ok = 1;
+    const uint8_t *part[2] = {a, b};
+    const size_t len[2] = {na, nb};
+    off_t at = 0;
+    for (int i = 0; i < 2 && ok; i++)
+        for (size_t done = 0; done < len[i] && ok;) {
+            const ssize_t n = pwrite(fd, part[i] + done, len[i] - done, at);
+            ok = n > 0;
+            done += ok ? (size_t)n : 0, at += ok ? n : 0;
+        }
+    ok = ok && ftruncate(fd, at) == 0;
+    return close(fd) == 0 && ok;
 }
 
-static int write_shard(const char *name, const uint8_t *hdr, size_t nh, const uint8_t *fill, size_t nf,
-                       uint8_t *data, size_t D) {
-    uint8_t len[8];
+/* data[0..D) = the pattern repeated (bytes 0, 1, 2, ... when it is empty): one copy of it, then
+ * doubling memcpy, so that a large region costs a few copies, not one loop step per byte. */
+static void fill_pattern(uint8_t *data, size_t D, const uint8_t *fill, size_t nf) {
+    if (D == 0) return;
+    size_t have = 0;
+    if (nf == 0)
+        for (; have < D && have < 256; have++)
+            data[have] = (uint8_t)have;
+    else {
+        have = nf < D ? nf : D;
+        memcpy(data, fill, have);
+    }
+    while (have < D) {
+        const size_t n = have < D - have ? have : D - have;
+        memcpy(data + have, data, n);
+        have += n;
+    }
+}
+
+/* Writes shard `name`: the u64 header length, the header, then the data region data[0..D). */
+static int write_shard(const char *name, const uint8_t *hdr, size_t nh, const uint8_t *data, size_t D) {
+    uint8_t head[8 + 65536]; /* a header is at most 65535 bytes (a u16 length) */
     for (int i = 0; i < 8; i++)
-        len[i] = (uint8_t)((uint64_t)nh >> (8 * i));
-    for (size_t i = 0; i < D; i++)
-        data[i] = nf ? fill[i % nf] : (uint8_t)i;
-    uint8_t *head = malloc(8 + nh + 1);
-    if (!head) return 0;
-    memcpy(head, len, 8);
+        head[i] = (uint8_t)((uint64_t)nh >> (8 * i));
     if (nh) memcpy(head + 8, hdr, nh);
-    const int ok = write_file(name, head, 8 + nh, data, D);
-    free(head);
-    return ok;
+    return write_file(name, head, 8 + nh, data, D);
 }
 
-static void remove_all(void) {
-    static const char *const names[] = {"a.safetensors", "b.safetensors", "model.safetensors.index.json",
-                                        "q.safetensors", "q.safetensors.tmp"};
+/* Removes the folder's files: the quantizer's output after every input (the next input starts without
+ * it), the inputs' files too at exit (in between they are rewritten in place; one-file inputs read only
+ * a.safetensors, and a folder input writes all three). */
+static void remove_files(int all) {
+    static const char *const names[] = {"q.safetensors", "q.safetensors.tmp", "a.safetensors",
+                                        "b.safetensors", "model.safetensors.index.json"};
     char path[512];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    for (size_t i = 0; i < (all ? 5u : 2u); i++) {
         snprintf(path, sizeof path, "%s/%s", g_dir, names[i]);
         unlink(path);
     }
@@ -61,7 +90,8 @@ static void remove_all(void) {
 static void load_layer(megamoe_checkpoint *ck, const char *prefix, int ranks) {
     megamoe_layer_info info;
     if (megamoe_checkpoint_describe_layer(ck, prefix, &info) != MEGAMOE_OK) return;
-    if ((int64_t)info.num_experts * info.hidden_size * info.intermediate_size > 4 * 256 * 512) return; /* quick to load */
+    if ((int64_t)info.num_experts * info.hidden_size * info.intermediate_size > 4 * 256 * 512)
+        return; /* quick to load */
     megamoe_group_config gc;
     megamoe_group_config_init(&gc);
     gc.num_ranks = ranks;
@@ -82,7 +112,7 @@ static void load_layer(megamoe_checkpoint *ck, const char *prefix, int ranks) {
 }
 
 static void remove_dir(void) {
-    remove_all();
+    remove_files(1);
     rmdir(g_dir);
 }
 
@@ -95,7 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t size) {
     }
     if (size < 5) return 0;
     const int flags = in[0];
-    const size_t D = ((size_t)in[1] | (size_t)in[2] << 8 | (size_t)in[3] << 16 | (size_t)in[4] << 24) % (1u << 18);
+    const size_t D =
+        ((size_t)in[1] | (size_t)in[2] << 8 | (size_t)in[3] << 16 | (size_t)in[4] << 24) % (1u << 18);
     const uint8_t *p = in + 5, *end = in + size, *sec[3];
     size_t len[3];
     for (int i = 0; i < 3; i++) {
@@ -106,13 +137,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t size) {
         sec[i] = p;
         p += len[i];
     }
-    uint8_t *data = malloc(D ? D : 1);
-    if (!data) return 0;
+    /* One data buffer for the process (fresh allocations of this size cost page faults per input). */
+    static uint8_t data[1u << 18];
+    fill_pattern(data, D, p, (size_t)(end - p));
     const int folder = flags & 1;
-    int ok = write_shard("a.safetensors", sec[1], len[1], p, (size_t)(end - p), data, D);
-    if (folder) ok = ok && write_shard("b.safetensors", sec[2], len[2], p, (size_t)(end - p), data, D) &&
-                     write_file("model.safetensors.index.json", sec[0], len[0], NULL, 0);
-    free(data);
+    int ok = write_shard("a.safetensors", sec[1], len[1], data, D);
+    if (folder)
+        ok = ok && write_shard("b.safetensors", sec[2], len[2], data, D) &&
+             write_file("model.safetensors.index.json", sec[0], len[0], NULL, 0);
     if (!ok) abort(); /* the temporary folder must be writable */
     char path[512];
     snprintf(path, sizeof path, folder ? "%s" : "%s/a.safetensors", g_dir);
@@ -139,6 +171,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *in, size_t size) {
         snprintf(out, sizeof out, "%s/q.safetensors", g_dir);
         if (!folder) megamoe_quantize_checkpoint(path, out, &o, err, sizeof err);
     }
-    remove_all();
+    remove_files(0);
     return 0;
 }
