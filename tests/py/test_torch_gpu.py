@@ -146,6 +146,12 @@ def test_cuda_input_errors():
         m(X, W, ID.cpu(), P)
     with pytest.raises(megamoe.InvalidArgumentError, match="not contiguous"):
         m(torch.zeros(512, 8, dtype=torch.bfloat16, device=DEV).t(), W, ID, P)
+    # contiguous but 2 bytes past a 16-byte boundary: the kernels read x 16 bytes at a time
+    T, H = X.shape
+    buf = torch.zeros(T * H + 1, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(megamoe.InvalidArgumentError, match=r"hidden_states at address 0x\w+ is not 16-byte aligned"):
+        m(buf[1:].view(T, H), W, ID, P)
+    assert m(buf[1:1].view(0, H), W[:0], ID[:0], None).shape == (0, H)  # no tokens: nothing is read
     m(X, W, ID, P)  # still works
 
 

@@ -97,7 +97,7 @@ def _layer_call(layer):
                   and w.shape == (T, K) and ids.shape == (T, K)
                   and x.get_device() == dev_index and w.get_device() == dev_index and ids.get_device() == dev_index
                   and x.is_contiguous() and w.is_contiguous() and ids.is_contiguous()
-                  and not (x.data_ptr() & align)
+                  and (T == 0 or not (x.data_ptr() & align))
                   and (pad is None or (pad.dtype in _PAD_DTYPES and pad.shape == (T,) and pad.get_device() == dev_index
                                        and pad.is_contiguous()))
                   and cell[0] is not None)
@@ -150,7 +150,7 @@ def _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding):
     _check_tensor(layer, "topk_ids", topk_ids, (torch.int32,), (T, K), device)
     if is_padding is not None:
         _check_tensor(layer, "is_padding", is_padding, (torch.bool, torch.uint8), (T,), device)
-    if device.type == "cuda" and hidden_states.data_ptr() % 16:
+    if device.type == "cuda" and T > 0 and hidden_states.data_ptr() % 16:
         raise megamoe.InvalidArgumentError(
             f"megamoe layer {layer.name!r}: hidden_states at address {hidden_states.data_ptr():#x} is not 16-byte "
             "aligned", 1)
