@@ -91,13 +91,14 @@ def _layer_call(layer):
     raw_stream = torch._C._cuda_getCurrentRawStream if on_cuda else None
 
     def call(x, w, ids, pad):
+        xp = x.data_ptr()
         try:
             T, h = x.shape
             ok = (x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32 and h == H
-                  and w.shape == (T, K) and ids.shape == (T, K)
-                  and x.get_device() == dev_index and w.get_device() == dev_index and ids.get_device() == dev_index
+                  and w.shape == ids.shape == (T, K)
+                  and x.get_device() == w.get_device() == ids.get_device() == dev_index
                   and x.is_contiguous() and w.is_contiguous() and ids.is_contiguous()
-                  and (T == 0 or not (x.data_ptr() & align))
+                  and (T == 0 or not (xp & align))
                   and (pad is None or (pad.dtype in _PAD_DTYPES and pad.shape == (T,) and pad.get_device() == dev_index
                                        and pad.is_contiguous()))
                   and cell[0] is not None)
@@ -107,8 +108,8 @@ def _layer_call(layer):
             _validate_slow(layer, x, w, ids, pad)
             T = x.shape[0]
         y = _new_y(x)
-        args.num_tokens, args.x, args.topk_ids, args.topk_weights, args.y = T, x.data_ptr(), ids.data_ptr(), \
-            w.data_ptr(), y.data_ptr()
+        args.num_tokens, args.x, args.topk_ids, args.topk_weights, args.y = T, xp, ids.data_ptr(), w.data_ptr(), \
+            y.data_ptr()
         args.is_padding = pad.data_ptr() if pad is not None else None
         st = _forward(cell[0], args_ref, raw_stream(dev_index) if on_cuda else None)
         if st:
