@@ -86,8 +86,9 @@ def write_jsonl(records, f):
 
 
 def read_jsonl(path):
+    """The records of a file; one without "source" is megamoe's (`megamoe bench --json` before it wrote the key)."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [{"source": "megamoe", **json.loads(line)} for line in f if line.strip()]
 
 
 def main():

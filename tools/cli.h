@@ -106,7 +106,8 @@ void cli_device_name(char *out, size_t n);
 
 /* `bench --json`: appends one JSON object (one line) with the keys shape, format, activations, T,
  * median_ms, min_ms, max_ms, tflops, weight_gbps, pct_copy (null when < 0), commit (the git describe of
- * the build), gpu and date (UTC, ISO 8601); activations NULL is written as null. Returns 1 when the write fails. */
+ * the build), gpu, date (UTC, ISO 8601) and source ("megamoe": bench/records.py's schema); activations
+ * NULL is written as null. Returns 1 when the write fails. */
 int cli_bench_json_record(FILE *f, const char *shape, const char *format, const char *activations, int T,
                           double median_ms, double min_ms, double max_ms, double tflops, double weight_gbps,
                           double pct_copy, const char *gpu);

@@ -24,11 +24,11 @@ int cli_bench_json_record(FILE *f, const char *shape, const char *format, const 
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
     json_t *o =
-        json_pack("{s:s, s:s, s:o, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:s, s:s, s:s}", "shape", shape,
+        json_pack("{s:s, s:s, s:o, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:s, s:s, s:s, s:s}", "shape", shape,
                   "format", format, "activations", activations ? json_string(activations) : json_null(), "T",
                   T, "median_ms", median_ms, "min_ms", min_ms, "max_ms", max_ms, "tflops", tflops,
                   "weight_gbps", weight_gbps, "pct_copy", pct_copy >= 0 ? json_real(pct_copy) : json_null(),
-                  "commit", MEGAMOE_COMMIT, "gpu", gpu, "date", date);
+                  "commit", MEGAMOE_COMMIT, "gpu", gpu, "date", date, "source", "megamoe");
     if (!o) return 1;
     char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);

@@ -324,10 +324,11 @@ def test_bench_json(tmp_path):
     lines = out.read_text().splitlines()
     assert len(lines) == 2
     keys = ["shape", "format", "activations", "T", "median_ms", "min_ms", "max_ms", "tflops", "weight_gbps",
-            "pct_copy", "commit", "gpu", "date"]
+            "pct_copy", "commit", "gpu", "date", "source"]
     for line, T_ in zip(lines, (1, 8)):
         r = json.loads(line)
         assert sorted(r) == sorted(keys), r
+        assert r["source"] == "megamoe"  # the records' schema (bench/records.py): who computed it
         assert r["T"] == T_ and r["format"] == "nvfp4" and r["gpu"] == "cpu" and r["activations"] in ("bf16", "nvfp4")
         assert r["shape"] == "E=8 K=2 H=256 I=256"
         assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["tflops"] > 0 and r["weight_gbps"] > 0
