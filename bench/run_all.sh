@@ -59,7 +59,7 @@ fi
 
 if has humming; then # humming_moe.py installs the carried wheel when humming is not installed
   if ls .whl/humming_kernels-*.whl > /dev/null 2>&1 || python3 -c 'import humming' 2> /dev/null; then
-    HUMMING_CACHE_DIR=$PWD/.whl/humming-cache timeout 540 python3 bench/peers/humming_moe.py --shapes "$SHAPE_NAMES" \
+    HUMMING_CACHE_DIR=$PWD/.whl/humming-cache timeout 540 python3 bench/peers/humming_moe.py --isolate --shapes "$SHAPE_NAMES" \
       --tokens "$TOKENS" --iters 20 --json "$REC" 2>&1 | tee "$OUT/humming.log"
     [ -d .whl/humming-cache ] && tar czf "$OUT/humming-cache.tgz" -C .whl humming-cache
   else

@@ -40,7 +40,8 @@ def main():
     for r in recs:  # later records replace earlier ones
         cells[(r["shape"], row_name(r), r["T"])] = r["median_ms"]
         if r.get("commit") or r.get("gpu"):
-            meta.add(f"{r['source'].split(':')[0]} {r.get('commit') or ''} {r.get('gpu') or ''} {r.get('date') or ''}".strip())
+            day = (r.get("date") or "")[:10]
+            meta.add(f"{r['source'].split(':')[0]} {r.get('commit') or ''} {r.get('gpu') or ''} {day}".strip())
     for m in sorted(meta):
         print(f"- {m}")
     for name, dims in R.SHAPES.items():

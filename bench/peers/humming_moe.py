@@ -8,12 +8,16 @@ gate/up GEMM reading token rows through the sorted ids (top_k = K), SiLU·mul, t
 and the weighted sum over the K slots. Activations stay BF16 (W4A16). The glue here is torch ops (vLLM
 has CUDA kernels for the align and the sum); the two GEMMs are Humming's.
 
-  python3 bench/peers/humming_moe.py [--shapes NAME,...] [--tokens 1,8,...] [--iters N] [--json FILE]
+  python3 bench/peers/humming_moe.py [--shapes NAME,...] [--tokens 1,8,...] [--iters N] [--json FILE] [--isolate]
 
 prints per shape and T the median ms of (a) the whole forward and (b) the two GEMMs alone, each a
 CUDA-graph replay after a 256 MB L2 flush (as `megamoe bench`), and appends records (bench/records.py).
 Before timing it checks the whole forward against a torch reference on the dequantized weights.
 Humming JIT-compiles its kernels on the first call of each configuration (HUMMING_CACHE_DIR keeps them).
+Each point's records are appended as soon as it is measured. A fault inside Humming (seen on the H200:
+an illegal memory access at Qwen3-30B-like T = 512) ends the process and its CUDA context; --isolate runs
+each shape in a child process and, after a fault, goes on in a fresh one with the T after the faulting
+one, which it names as not measured.
 """
 import argparse
 import json
@@ -220,14 +224,16 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", help="append records (bench/records.py) to this file")
     ap.add_argument("--date", default=time.strftime("%Y-%m-%d", time.gmtime()))
+    ap.add_argument("--isolate", action="store_true", help="each shape in a child process; go on after a fault")
     a = ap.parse_args()
+    if a.isolate:
+        return isolated(a)
     humming = ensure_humming()
 
     gpu = torch.cuda.get_device_name()
     ver = getattr(humming, "__version__", "?")
     print(f"humming {ver}, torch {torch.__version__}, {gpu}", flush=True)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    out = []
     for name in a.shapes.split(","):
         E, K, H, I = R.SHAPES[name]
         gen = torch.Generator(device="cuda").manual_seed(1)
@@ -260,19 +266,45 @@ def main():
                 moe.gemm("w2", act, down, sid, eid, ntp, 1, T * K)
 
             only = time_graph(gemms, a.iters, flush)
-            for src, (med, lo, hi) in [("humming", whole), ("humming-gemms", only)]:
-                r = R.record(shape, "nvfp4", T, round(med, 4), activations="bf16", min_ms=round(lo, 4),
+            recs = [R.record(shape, "nvfp4", T, round(med, 4), activations="bf16", min_ms=round(lo, 4),
                              max_ms=round(hi, 4), gpu=gpu, date=a.date,
                              source=f"{src}:humming-kernels {ver}, bench/peers/humming_moe.py")
-                out.append(r)
+                    for src, (med, lo, hi) in [("humming", whole), ("humming-gemms", only)]]
+            if a.json:
+                with open(a.json, "a") as f:
+                    R.write_jsonl(recs, f)
             print(f"humming {name} T={T}: whole {whole[0]:.4f} ms ({R.tflops_of(shape, T, whole[0]):.1f} TFLOP/s), "
                   f"GEMMs only {only[0]:.4f} ms ({R.tflops_of(shape, T, only[0]):.1f} TFLOP/s) "
                   f"[{time.time() - t0:.1f} s]", flush=True)
         del moe, tensors
         torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "a") as f:
-            R.write_jsonl(out, f)
+
+
+def isolated(a):
+    """main() per shape in a child process; after a fault, a fresh child from the T after the faulting one."""
+    import subprocess
+
+    failed = []
+    for name in a.shapes.split(","):
+        todo = [int(t) for t in a.tokens.split(",")]
+        while todo:
+            cmd = [sys.executable, os.path.abspath(__file__), "--shapes", name, "--tokens", ",".join(map(str, todo)),
+                   "--iters", str(a.iters), "--date", a.date] + (["--json", a.json] if a.json else [])
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            done = set()
+            for line in p.stdout:
+                print(line, end="", flush=True)
+                if line.startswith(f"humming {name} T="):
+                    done.add(int(line.split("T=")[1].split(":")[0]))
+            if p.wait() == 0:
+                break
+            left = [T for T in todo if T not in done]
+            bad = left[0]
+            failed.append(f"{name} T={bad}")
+            print(f"humming {name} T={bad}: NOT MEASURED (exit {p.returncode}; going on with a fresh process)", flush=True)
+            todo = [T for T in todo if T > bad]
+    if failed:
+        print("humming: not measured: " + ", ".join(failed), flush=True)
 
 
 if __name__ == "__main__":
