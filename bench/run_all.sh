@@ -10,11 +10,11 @@
 #          (device call: carry .devbin and .whl)
 # env: TOKENS (1,8,32,128,512,2048,8192), SHAPES (comma list of names, default all three), ITERS (10),
 #      RECORDS (earlier runs' record files to add to the table, space-separated).
-# Time on one H200: megamoe ~4-5 min, Humming ~3-5 min (its first call per configuration compiles for
-# 25-40 s; the compiled kernels are cached in .whl/humming-cache and come back as
-# $OUT/humming-cache.tgz: untar it into .whl/ here and the next call skips the compiles), PyTorch ~2
-# min. If the four parts pass the 10-minute limit of one call, run `megamoe torch` in one call and
-# `humming table` with RECORDS=<the first call's history file, carried> in the next.
+# Time on one H200 (2026-12-01): megamoe 75-90 s, Humming ~2 min (its first call per configuration
+# compiles for 25-40 s, ~90 s more for the three shapes cold; the compiled kernels are cached in
+# .whl/humming-cache and come back as $OUT/humming-cache.tgz: carry that tarball in .whl/ and untar
+# it there, as the unpacked cache is ~35 MB), PyTorch ~6 s. Humming runs with --isolate: a fault
+# inside it (seen at Qwen3-like T=512) loses that point only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
