@@ -12,7 +12,8 @@ has CUDA kernels for the align and the sum); the two GEMMs are Humming's.
 
 prints per shape and T the median ms of (a) the whole forward and (b) the two GEMMs alone, each a
 CUDA-graph replay after a 256 MB L2 flush (as `megamoe bench`), and appends records (bench/records.py).
-Before timing it checks the whole forward against a torch reference on the dequantized weights.
+Before timing it checks the whole forward against a torch reference on the dequantized weights, at
+T = 4 and then at each T on up to 4 rows; a T whose output is wrong is reported and not timed.
 Humming JIT-compiles its kernels on the first call of each configuration (HUMMING_CACHE_DIR keeps them).
 Each point's records are appended as soon as it is measured. A fault inside Humming (seen on the H200:
 an illegal memory access at Qwen3-30B-like T = 512) ends the process and its CUDA context; --isolate runs
@@ -257,6 +258,18 @@ def main():
             ids, w = random_routing(T, E, K, gen)
             bufs = moe.buffers(T, K)
             t0 = time.time()
+            # Its output at this T, on up to 4 rows against the dequantized reference: a configuration
+            # that computes a wrong y is not timed (the check at T = 4 above does not cover every
+            # block size its tuning picks by T).
+            rows = torch.linspace(0, T - 1, min(T, 4), device="cuda").long().unique() if T else None
+            if T:
+                y = moe.forward(x, ids, w, bufs).float()[rows]
+                ref = reference(tensors, x[rows], ids[rows], w[rows])
+                err = float((y - ref).norm() / ref.norm())
+                if not err < 2e-2:
+                    print(f"humming {name} T={T}: WRONG OUTPUT (relative L2 {err:.3e} on {len(rows)} rows against the "
+                          "dequantized reference): not timed", flush=True)
+                    continue
             whole = time_graph(lambda: moe.forward(x, ids, w, bufs), a.iters, flush)
             gu, act, down = bufs
             sid, eid, ntp = moe.align(ids, moe.block_size(T * K))
