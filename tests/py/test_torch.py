@@ -373,6 +373,33 @@ def test_compile_fullgraph_cpu():
     assert tu.same_bits(compiled(X2, W2, ID2.long()), net(X2, W2, ID2.long()))
 
 
+def test_module_eager_path_skips_the_dispatcher_only_where_it_may(monkeypatch):
+    """In eager mode the module calls the op's kernel directly (the same checks and C call, past the
+    dispatcher): y bitwise equal to the op's. Inputs that require grad and tensor subclasses
+    (FakeTensor) still go through the op, so autograd's and fake mode's handling stays the op's."""
+    import megamoe.torch._module as mod
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, x, ids, w, pad = layer_case("nvfp4", T=12)
+    m = tu.make_module(model, K=4, t_max=12)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    y_op = torch.ops.megamoe.experts(m._layer_id, X, W, ID, P)
+    calls = []
+    real = mod._experts
+    monkeypatch.setattr(mod, "_experts", lambda *a: calls.append(1) or real(*a))
+    assert tu.same_bits(m(X, W, ID, P), y_op) and tu.same_bits(m(X, W, ID.long(), P), y_op)
+    assert calls == []  # the eager path
+    y = m(X.clone().requires_grad_(), W, ID, P)
+    assert calls == [1] and tu.same_bits(y.detach(), y_op)  # grad: the op
+    with FakeTensorMode() as fm:
+        fy = m(fm.from_tensor(X), fm.from_tensor(W), fm.from_tensor(ID), fm.from_tensor(P))
+    assert calls == [1, 1] and tuple(fy.shape) == tuple(X.shape) and fy.dtype == torch.bfloat16  # fake: the op
+    # The eager path raises as the op does, and the layer keeps working.
+    with pytest.raises(megamoe.InvalidArgumentError, match="topk_weights"):
+        m(X, W.double(), ID, P)
+    assert tu.same_bits(m(X, W, ID, P), y_op)
+
+
 def test_empty_forward():
     model, *_ = layer_case("bf16", T=1)
     m = tu.make_module(model, K=4, t_max=4)

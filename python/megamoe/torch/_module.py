@@ -58,6 +58,7 @@ atexit.register(close_groups)  # registered after _dist's, so it runs first
 
 _experts = torch.ops.megamoe.experts
 _I64, _HALF_DTYPES = torch.int64, (torch.bfloat16, torch.float16)
+_Tensor, _is_compiling, _grad_enabled = torch.Tensor, torch.compiler.is_compiling, torch.is_grad_enabled
 
 
 def _default_device():
@@ -117,6 +118,7 @@ class MegaMoEExperts(nn.Module):
             activation_clamp=activation_clamp, activations=activations)
         self.activations = self._layer.activations
         self._layer_id = _op.register(self._layer)
+        self._eager = _op.eager_call(self._layer_id)
         weakref.finalize(self, _op.unregister, self._layer_id)
 
         self._param_names = ()
@@ -252,6 +254,12 @@ class MegaMoEExperts(nn.Module):
             topk_ids = topk_ids.int()
         if topk_weights.dtype in _HALF_DTYPES:
             topk_weights = topk_weights.float()
+        # Plain tensors in eager mode go to the op's kernel directly, past PyTorch's dispatcher (its
+        # crossing into a Python kernel costs more than the kernel's own checks). Tracing (torch.compile,
+        # export), tensor subclasses (FakeTensor) and inputs that require grad take the op.
+        if (not _is_compiling() and type(hidden_states) is _Tensor
+                and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))):
+            return self._eager(hidden_states, topk_weights, topk_ids, is_padding)
         return _experts(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
 
     def check(self) -> None:

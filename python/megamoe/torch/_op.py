@@ -50,6 +50,12 @@ def unregister(key):
         layer.close()
 
 
+def eager_call(key):
+    """The op's kernel for layer `key` as a plain function (MegaMoEExperts' eager path): the same checks,
+    the same C call, without the dispatcher."""
+    return _calls[key]
+
+
 def lookup(key):
     layer = _registry.get(int(key))
     if layer is None:
