@@ -1,7 +1,8 @@
 """The side-by-side table from benchmark records (bench/records.py): per shape, one row per implementation
 (megamoe NVFP4 in each activation mode, megamoe BF16, Humming whole and GEMMs only, Marlin W4A16, PyTorch
 BF16), one column per T, ms per forward; the latest record of each (source, format, activations, T)
-wins. Marlin's recorded table comes from bench/history/2026-11-29.jsonl unless a file given has it.
+wins. The three shapes of the benchmark table come first, then any other shape the records hold.
+Marlin's recorded table comes from bench/history/2026-11-29.jsonl unless a file given has it.
 
   python3 bench/side_by_side.py FILE.jsonl...        (markdown on stdout)
 """
@@ -44,14 +45,15 @@ def main():
             meta.add(f"{r['source'].split(':')[0]} {r.get('commit') or ''} {r.get('gpu') or ''} {day}".strip())
     for m in sorted(meta):
         print(f"- {m}")
-    for name, dims in R.SHAPES.items():
-        shape = R.shape_str(*dims)
+    named = [(name, R.shape_str(*dims)) for name, dims in R.SHAPES.items()]
+    others = sorted({s for (s, _, _) in cells} - {shape for _, shape in named})
+    for name, shape in named + [(None, s) for s in others]:  # the table's three shapes, then any other
         Ts = sorted({T for (s, _, T) in cells if s == shape})
         rows = [n for n in ORDER if any((shape, n, T) in cells for T in Ts)]
         rows += sorted({n for (s, n, _) in cells if s == shape} - set(rows))
         if not Ts:
             continue
-        print(f"\n### {name} ({shape}), ms per forward\n")
+        print(f"\n### {name + ' (' + shape + ')' if name else shape}, ms per forward\n")
         print("| implementation | " + " | ".join(f"T={T}" for T in Ts) + " |")
         print("|---|" + "---|" * len(Ts))
         for n in rows:

@@ -339,3 +339,15 @@ def test_bench_json(tmp_path):
                "--iters", 1, "--threads", 2, "--format", "bf16", "--json", out)
     lines = out.read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[2])["activations"] is None and json.loads(lines[2])["format"] == "bf16"
+    # The records feed the side-by-side table as they are (bench/side_by_side.py; it once failed on them).
+    import subprocess
+    import sys
+
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    p = subprocess.run([sys.executable, os.path.join(repo, "bench", "side_by_side.py"), str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split("|")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("| megamoe")}
+    act = json.loads(lines[0])["activations"]
+    assert set(rows) == {f"megamoe NVFP4, activations {act}", "megamoe BF16"}, p.stdout
+    assert "T=1 | T=4 | T=8" in p.stdout and "- megamoe " in p.stdout, p.stdout
