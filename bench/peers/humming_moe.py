@@ -261,8 +261,8 @@ def main():
             # Its output at this T, on up to 4 rows against the dequantized reference: a configuration
             # that computes a wrong y is not timed (the check at T = 4 above does not cover every
             # block size its tuning picks by T).
-            rows = torch.linspace(0, T - 1, min(T, 4), device="cuda").long().unique() if T else None
             if T:
+                rows = torch.linspace(0, T - 1, min(T, 4), device="cuda").long().unique()
                 y = moe.forward(x, ids, w, bufs).float()[rows]
                 ref = reference(tensors, x[rows], ids[rows], w[rows])
                 err = float((y - ref).norm() / ref.norm())
