@@ -7,7 +7,8 @@
 #          .devbin; ~35 MB, carry .devbin)
 #   there: bash bench/device/compare_revs.sh bench [TOKENS] [ROUNDS]
 #          both builds' `megamoe bench` on the three shapes, alternating A, B per shape, ROUNDS times
-#          (default 2); FORMATS (default nvfp4) and ACTIVATIONS (when the builds have --activations);
+#          (default 2); FORMATS (default nvfp4), ACTIVATIONS (when the builds have --activations) and
+#          SHAPES_ONLY ("E K H I;E K H I": those shapes instead of the three);
 #          prints per point the median ms of each build (mean over rounds, spread) and B's change
 # To also test a revision there: check out it here, bench/device/stage.sh, bench/device/check.sh there.
 set -euo pipefail
@@ -38,14 +39,17 @@ bench)
   log=$OUT/compare_revs.log
   : > "$log"
   tokens=${2:-1,8,32,128,512,2048,8192}
+  rounds=${3:-2} # read before the shape loop's `set --` replaces the positional parameters
   acts=(default)
+  SHAPES=("${SHAPES3[@]}")
+  [ -n "${SHAPES_ONLY:-}" ] && IFS=";" read -ra SHAPES <<< "$SHAPES_ONLY"
   .devbin/rev-a/megamoe bench --help | grep -q -- '--activations' && acts=(${ACTIVATIONS:-bf16})
   for fmt in ${FORMATS:-nvfp4}; do
-    for s in "${SHAPES3[@]}"; do
+    for s in "${SHAPES[@]}"; do
       set -- $s
       for a in "${acts[@]}"; do
         aa=(); [ "$a" != default ] && [ "$fmt" = nvfp4 ] && aa=(--activations "$a")
-        for ((r = 0; r < ${3:-2}; r++)); do
+        for ((r = 0; r < rounds; r++)); do
           for side in a b; do
             timeout 300 ".devbin/rev-$side/megamoe" bench --backend cuda --format "$fmt" "${aa[@]}" --experts $1 --top-k $2 \
               --hidden $3 --inter $4 --tokens "$tokens" --iters 10 2>&1 | sed "s/^bench:/bench[$side]:/" >> "$log"
