@@ -261,6 +261,9 @@ def main():
     ap.add_argument("--isolate", action="store_true", help="each shape in a child process; go on after a fault")
     ap.add_argument("--check-only", action="store_true", help="check the output at each T, time nothing")
     a = ap.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    if min(tokens) < 1:
+        ap.error(f"--tokens {a.tokens}: each T must be at least 1")
     if a.isolate:
         return isolated(a)
     humming = ensure_humming()
@@ -287,7 +290,7 @@ def main():
         if not err < 2e-2:
             raise SystemExit(f"{name}: Humming's forward disagrees with the reference ({err:.3e}): not timed")
         shape = R.shape_str(E, K, H, I)
-        for T in [int(t) for t in a.tokens.split(",")]:
+        for T in tokens:
             x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
             ids, w = random_routing(T, E, K, gen)
             bufs = moe.buffers(T, K)

@@ -2,8 +2,11 @@
 no Humming): moe_align against a plain per-expert reference, and each GEMM's routing read the way
 Humming's kernel reads it (its scheduler: block b's rows at sorted_ids[b*M:(b+1)*M], its expert at
 expert_ids[b], ceil(ntp / M) blocks, M the kernel's own M tile) computing every slot once with its
-own expert."""
+own expert; and HummingMoE.forward on a torch stand-in for Humming's GEMMs that reads its routing so,
+against a plain MoE."""
+import json
 import math
+import types
 import os
 import sys
 
@@ -130,3 +133,57 @@ def test_tuning_block_m_ranges():
     assert hm.tuning_block_m(t, 1 << 30) == 24
     with pytest.raises(ValueError, match="M = 0"):
         hm.tuning_block_m(t, 0)
+
+
+class StandInMethod:
+    """Humming's HummingMethod as HummingMoE calls it, in torch: the indexed GEMM with the M tile its
+    tuning list gives at valid_shape_m, reading the routing as kernel_pairs does; dense f32 weights."""
+
+    @staticmethod
+    def may_quant_input(layer, inputs, sublayer_name):
+        return inputs, None
+
+    @staticmethod
+    def forward_layer(layer, inputs, input_scale, outputs, sublayer_name, sorted_ids, expert_ids,
+                      num_tokens_padded, top_k, valid_shape_m, compute_config, tuning_config):
+        weight = getattr(layer, sublayer_name)
+        block_m = hm.tuning_block_m(json.loads(tuning_config), valid_shape_m)
+        E = weight.shape[0]
+        for s, e in kernel_pairs(sorted_ids, expert_ids, num_tokens_padded, block_m, outputs.shape[0], E):
+            outputs[s] = (weight[e] @ inputs[s // top_k].float()).to(outputs.dtype)
+
+
+def stand_in_moe(E, H, I, tunings, seed):
+    moe = object.__new__(hm.HummingMoE)
+    g = torch.Generator().manual_seed(seed)
+    moe.M, moe.E, moe.I, moe.H = StandInMethod, E, I, H
+    moe.layer = types.SimpleNamespace(w13=torch.randn(E, 2 * I, H, generator=g) / H ** 0.5,
+                                      w2=torch.randn(E, H, I, generator=g) / I ** 0.5)
+    moe.compute, moe.tuning = "{}", tunings
+    moe.tuning_str = {name: json.dumps(t) for name, t in tunings.items()}
+    return moe
+
+
+def plain_moe(moe, x, ids, weights):
+    y = torch.zeros(x.shape[0], moe.H)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            gu = (moe.layer.w13[e] @ x[t].float()).to(torch.bfloat16).float()
+            a = (torch.nn.functional.silu(gu[:moe.I]) * gu[moe.I:]).to(torch.bfloat16).float()
+            y[t] += weights[t, k] * (moe.layer.w2[e] @ a).to(torch.bfloat16).float()
+    return y
+
+
+@pytest.mark.parametrize("T,K,E,tunings", [(64, 2, 8, MIXTRAL), (512, 8, 128, QWEN3), (4, 2, 8, MIXTRAL)])
+def test_forward_on_stand_in_gemms(T, K, E, tunings):
+    H, I = 16, 8
+    moe = stand_in_moe(E, H, I, tunings, seed=T)
+    g = torch.Generator().manual_seed(T + 1)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    ids = routing_ids(T, K, E, seed=T + 2)
+    weights = torch.softmax(torch.randn(T, K, generator=g), dim=1)
+    bufs = tuple(torch.full((T * K, n), float("nan"), dtype=torch.bfloat16) for n in (2 * I, I, H))
+    y = moe.forward(x, ids, weights, bufs).float()
+    ref = plain_moe(moe, x, ids, weights)
+    assert float((y - ref).norm() / ref.norm()) < 1e-2
