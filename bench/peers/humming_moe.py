@@ -3,22 +3,26 @@ path calls it, for the side-by-side benchmark and the accuracy comparison.
 
 vLLM's path (HummingMoEMethod + HummingIndexedExperts): the checkpoint's ModelOpt NVFP4 tensors are
 converted to Humming's layout per sublayer (w13 as two stacked shards gate / up, w2), then per forward:
-moe_align_block_size (slot ids sorted by expert, each expert padded to the kernel's token block), the
+moe_align_block_size (slot ids sorted by expert, each expert padded to the kernel's M tile), the
 gate/up GEMM reading token rows through the sorted ids (top_k = K), SiLU·mul, the down GEMM (top_k = 1),
 and the weighted sum over the K slots. Activations stay BF16 (W4A16). The glue here is torch ops (vLLM
-has CUDA kernels for the align and the sum); the two GEMMs are Humming's.
+has CUDA kernels for the align and the sum); the two GEMMs are Humming's. One difference from vLLM's
+wrapper, which pads for both GEMMs to the gate/up kernel's M tile: each GEMM gets routing padded to its
+own kernel's M tile (gemm_routing), as Humming's kernel reads it; where the two tiles differ (some T on
+each shape) that is a second align in the whole forward.
 
-  python3 bench/peers/humming_moe.py [--shapes NAME,...] [--tokens 1,8,...] [--iters N] [--json FILE] [--isolate]
+  python3 bench/peers/humming_moe.py [--shapes NAME,...] [--tokens 1,8,...] [--iters N] [--json FILE]
+                                     [--isolate] [--check-only]
 
 prints per shape and T the median ms of (a) the whole forward and (b) the two GEMMs alone, each a
 CUDA-graph replay after a 256 MB L2 flush (as `megamoe bench`), and appends records (bench/records.py).
 Before timing it checks the whole forward against a torch reference on the dequantized weights, at
-T = 4 and then at each T on up to 4 rows; a T whose output is wrong is reported and not timed.
+T = 4 and then at each T on up to 4 rows, and prints the relative L2 and both GEMMs' M tiles; a T whose
+output is wrong is reported and not timed. --check-only: the checks alone, nothing timed.
 Humming JIT-compiles its kernels on the first call of each configuration (HUMMING_CACHE_DIR keeps them).
-Each point's records are appended as soon as it is measured. A fault inside Humming (seen on the H200:
-an illegal memory access at Qwen3-30B-like T = 512) ends the process and its CUDA context; --isolate runs
-each shape in a child process and, after a fault, goes on in a fresh one with the T after the faulting
-one, which it names as not measured.
+Each point's records are appended as soon as it is measured. A fault inside Humming ends the process
+and its CUDA context; --isolate runs each shape in a child process and, after a fault, goes on in a
+fresh one with the T after the faulting one, which it names as not measured.
 """
 import argparse
 import json
@@ -72,6 +76,59 @@ def dequant_nvfp4(codes, scales, scale_2):
     return q * s * g
 
 
+def tuning_block_m(tuning, valid_m):
+    """The M tile (block_shape[0]) of the kernel Humming's launcher runs for valid_m routed rows, from one
+    GEMM's tuning list [[lo, hi, config], ...]: the entry with lo < valid_m <= hi, hi <= 0 meaning no
+    upper bound (the launcher's lookup of its kernel by valid_shape_m)."""
+    for lo, hi, cfg in tuning:
+        if lo < valid_m <= (hi if hi > 0 else 1 << 30):
+            return cfg["block_shape"][0]
+    raise ValueError(f"no Humming tuning range holds M = {valid_m}")
+
+
+def moe_align(ids, num_experts, bs):
+    """Humming's indexed-GEMM routing for ids [T, K] in torch ops (graph-safe, any device):
+    sorted_ids   the slot ids t*K+k grouped by expert (ascending within one), each expert's run padded
+                 to a multiple of bs with the sentinel T*K; length a multiple of bs that holds any routing;
+    expert_ids   the expert of each bs-row block (-1 past the last);
+    ntp          [1] i32, the rows in use (the sum of the padded runs).
+    The kernel reads block b's rows at sorted_ids[b*M:(b+1)*M] and its expert at expert_ids[b] with M its
+    own M tile, so bs must be that M tile."""
+    tk, E, dev = ids.numel(), num_experts, ids.device
+    cap = tk + min(E, tk) * (bs - 1)
+    cap = (cap + bs - 1) // bs * bs
+    flat = ids.reshape(-1).long()
+    counts = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + bs - 1) // bs * bs
+    ends = torch.cumsum(padded, 0)
+    first = torch.cumsum(counts, 0) - counts
+    order = torch.sort(flat, stable=True).indices
+    e_of = flat[order]
+    dest = ends[e_of] - padded[e_of] + torch.arange(tk, device=dev) - first[e_of]
+    sorted_ids = torch.full((cap,), tk, dtype=torch.int32, device=dev)
+    sorted_ids[dest] = order.to(torch.int32)
+    starts = torch.arange(0, cap, bs, device=dev)
+    expert_ids = torch.searchsorted(ends, starts, right=True)
+    expert_ids = torch.where(starts < ends[-1], expert_ids, -1).to(torch.int32)
+    return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+
+
+def gemm_routing(ids, num_experts, tunings, valid_m):
+    """name -> (bs, sorted_ids, expert_ids, ntp) for each GEMM of tunings (name -> its tuning list): the
+    routing padded to the M tile of the kernel that GEMM's own tuning picks at valid_m. Humming tunes
+    the gate/up and the down GEMM apart (their N and K differ), and at some M their tiles differ (on the
+    H200 e.g. Mixtral-like M = 128: 24 and 32 rows; Qwen3-like M = 4096: 48 and 40); routing padded to the
+    other GEMM's tile gives a wrong y, or blocks of expert -1 and an illegal memory access. One align
+    per distinct tile."""
+    by_bs, out = {}, {}
+    for name, tuning in tunings.items():
+        bs = tuning_block_m(tuning, valid_m)
+        if bs not in by_bs:
+            by_bs[bs] = moe_align(ids, num_experts, bs)
+        out[name] = (bs, *by_bs[bs])
+    return out
+
+
 class HummingMoE:
     """One NVFP4 MoE experts layer on Humming. Tensors in ModelOpt's stacked form, on the GPU:
     w13 [E, 2I, H/2] u8 (rows 0..I-1 gate, I..2I-1 up), w13_scale [E, 2I, H/16] e4m3,
@@ -106,34 +163,9 @@ class HummingMoE:
                                                                      sublayer_name=name) for name in subs}
         self.tuning_str = {name: json.dumps(v) for name, v in self.tuning.items()}
 
-    def block_size(self, valid_m):
-        for lo, hi, cfg in self.tuning["w13"]:
-            if lo < valid_m <= hi:
-                return cfg["block_shape"][0]
-        raise ValueError(f"no Humming tuning range holds M = {valid_m}")
-
-    def align(self, ids, bs):
-        """moe_align_block_size in torch ops (graph-safe): slot ids sorted by expert in slot order, each
-        expert's run padded to bs with the sentinel T*K; the expert of each block (-1 past the end)."""
-        tk, E, dev = ids.numel(), self.E, ids.device
-        cap = tk + E * (bs - 1)
-        if tk < E:
-            cap = min(tk * bs, cap)
-        cap = (cap + bs - 1) // bs * bs
-        flat = ids.reshape(-1).long()
-        counts = torch.zeros(E, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-        padded = (counts + bs - 1) // bs * bs
-        ends = torch.cumsum(padded, 0)
-        first = torch.cumsum(counts, 0) - counts
-        order = torch.sort(flat, stable=True).indices
-        e_of = flat[order]
-        dest = ends[e_of] - padded[e_of] + torch.arange(tk, device=dev) - first[e_of]
-        sorted_ids = torch.full((cap,), tk, dtype=torch.int32, device=dev)
-        sorted_ids[dest] = order.to(torch.int32)
-        starts = torch.arange(0, cap, bs, device=dev)
-        expert_ids = torch.searchsorted(ends, starts, right=True)
-        expert_ids = torch.where(starts < ends[-1], expert_ids, -1).to(torch.int32)
-        return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
+    def routing(self, ids):
+        """Each GEMM's routing tensors for ids [T, K] (gemm_routing with this layer's tuning lists)."""
+        return gemm_routing(ids, self.E, self.tuning, ids.numel())
 
     def gemm(self, name, inputs, out, sorted_ids, expert_ids, ntp, top_k, valid_m):
         inputs, scale = self.M.may_quant_input(layer=self.layer, inputs=inputs, sublayer_name=name)
@@ -148,14 +180,15 @@ class HummingMoE:
                 torch.empty(T * K, self.H, dtype=torch.bfloat16, device="cuda"))
 
     def forward(self, x, ids, weights, bufs=None):
-        """y [T, H] bf16 from x [T, H] bf16, ids [T, K] i32, weights [T, K] f32: align, gate/up, SiLU·mul,
-        down, weighted sum over the slots."""
+        """y [T, H] bf16 from x [T, H] bf16, ids [T, K] i32, weights [T, K] f32: align (once per distinct
+        M tile of the two GEMMs' kernels), gate/up, SiLU·mul, down, weighted sum over the slots."""
         T, K = ids.shape
-        gu, act, down = bufs or self.buffers(T, K)
-        sid, eid, ntp = self.align(ids, self.block_size(T * K))
-        self.gemm("w13", x, gu, sid, eid, ntp, K, T * K)
+        bufs = bufs or self.buffers(T, K)
+        gu, act, down = bufs
+        route = self.routing(ids)
+        self.gemm("w13", x, gu, *route["w13"][1:], K, T * K)
         torch.mul(torch.nn.functional.silu(gu[:, :self.I]), gu[:, self.I:], out=act)
-        self.gemm("w2", act, down, sid, eid, ntp, 1, T * K)
+        self.gemm("w2", act, down, *route["w2"][1:], 1, T * K)
         return (down.view(T, K, self.H).float() * weights.unsqueeze(-1)).sum(1).to(torch.bfloat16)
 
 
@@ -226,7 +259,11 @@ def main():
     ap.add_argument("--json", help="append records (bench/records.py) to this file")
     ap.add_argument("--date", default=time.strftime("%Y-%m-%d", time.gmtime()))
     ap.add_argument("--isolate", action="store_true", help="each shape in a child process; go on after a fault")
+    ap.add_argument("--check-only", action="store_true", help="check the output at each T, time nothing")
     a = ap.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    if min(tokens) < 1:
+        ap.error(f"--tokens {a.tokens}: each T must be at least 1")
     if a.isolate:
         return isolated(a)
     humming = ensure_humming()
@@ -253,30 +290,33 @@ def main():
         if not err < 2e-2:
             raise SystemExit(f"{name}: Humming's forward disagrees with the reference ({err:.3e}): not timed")
         shape = R.shape_str(E, K, H, I)
-        for T in [int(t) for t in a.tokens.split(",")]:
+        for T in tokens:
             x = torch.randn(T, H, device="cuda", generator=gen).to(torch.bfloat16)
             ids, w = random_routing(T, E, K, gen)
             bufs = moe.buffers(T, K)
             t0 = time.time()
+            route = moe.routing(ids)
+            tiles = f"M tiles gate/up {route['w13'][0]}, down {route['w2'][0]}"
             # Its output at this T, on up to 4 rows against the dequantized reference: a configuration
             # that computes a wrong y is not timed (the check at T = 4 above does not cover every
-            # block size its tuning picks by T).
-            if T:
-                rows = torch.linspace(0, T - 1, min(T, 4), device="cuda").long().unique()
-                y = moe.forward(x, ids, w, bufs).float()[rows]
-                ref = reference(tensors, x[rows], ids[rows], w[rows])
-                err = float((y - ref).norm() / ref.norm())
-                if not err < 2e-2:
-                    print(f"humming {name} T={T}: WRONG OUTPUT (relative L2 {err:.3e} on {len(rows)} rows against the "
-                          "dequantized reference): not timed", flush=True)
-                    continue
+            # kernel its tuning picks by T).
+            rows = torch.linspace(0, T - 1, min(T, 4), device="cuda").long().unique()
+            y = moe.forward(x, ids, w, bufs).float()[rows]
+            ref = reference(tensors, x[rows], ids[rows], w[rows])
+            err = float((y - ref).norm() / ref.norm())
+            check = f"relative L2 {err:.2e} on {len(rows)} rows against the dequantized reference, {tiles}"
+            if not err < 2e-2:
+                print(f"humming {name} T={T}: WRONG OUTPUT ({check}): not timed", flush=True)
+                continue
+            if a.check_only:
+                print(f"humming {name} T={T}: output ok ({check})", flush=True)
+                continue
             whole = time_graph(lambda: moe.forward(x, ids, w, bufs), a.iters, flush)
             gu, act, down = bufs
-            sid, eid, ntp = moe.align(ids, moe.block_size(T * K))
 
             def gemms():
-                moe.gemm("w13", x, gu, sid, eid, ntp, K, T * K)
-                moe.gemm("w2", act, down, sid, eid, ntp, 1, T * K)
+                moe.gemm("w13", x, gu, *route["w13"][1:], K, T * K)
+                moe.gemm("w2", act, down, *route["w2"][1:], 1, T * K)
 
             only = time_graph(gemms, a.iters, flush)
             recs = [R.record(shape, "nvfp4", T, round(med, 4), activations="bf16", min_ms=round(lo, 4),
@@ -287,7 +327,7 @@ def main():
                 with open(a.json, "a") as f:
                     R.write_jsonl(recs, f)
             print(f"humming {name} T={T}: whole {whole[0]:.4f} ms ({R.tflops_of(shape, T, whole[0]):.1f} TFLOP/s), "
-                  f"GEMMs only {only[0]:.4f} ms ({R.tflops_of(shape, T, only[0]):.1f} TFLOP/s) "
+                  f"GEMMs only {only[0]:.4f} ms ({R.tflops_of(shape, T, only[0]):.1f} TFLOP/s); output ok ({check}) "
                   f"[{time.time() - t0:.1f} s]", flush=True)
         del moe, tensors
         torch.cuda.empty_cache()
@@ -302,7 +342,8 @@ def isolated(a):
         todo = [int(t) for t in a.tokens.split(",")]
         while todo:
             cmd = [sys.executable, os.path.abspath(__file__), "--shapes", name, "--tokens", ",".join(map(str, todo)),
-                   "--iters", str(a.iters), "--date", a.date] + (["--json", a.json] if a.json else [])
+                   "--iters", str(a.iters), "--date", a.date] + (["--json", a.json] if a.json else []) + \
+                  (["--check-only"] if a.check_only else [])
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             done = set()
             for line in p.stdout:
