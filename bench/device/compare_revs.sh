@@ -23,7 +23,7 @@ build)
     rm -rf "build-revs/$side" && mkdir -p "$src"
     git archive "$rev" | tar -x -C "$src"
     cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
-    cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe >/dev/null
+    cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe_cli >/dev/null
     mkdir -p ".devbin/rev-$side"
     cp "build-revs/$side/build/megamoe" ".devbin/rev-$side/"
     echo "$rev $(git rev-parse --short "$rev")" > ".devbin/rev-$side/REV"
