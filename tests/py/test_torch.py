@@ -210,6 +210,72 @@ def test_op_errors_name_argument_and_value():
         op(raw._layer_id, X, W, ID, P)
 
 
+def test_size_stride_checks_agree():
+    """The kernel checks topk_weights' and topk_ids' sizes and strides with torch's C function
+    assert_size_stride where it agrees with the Python check (found at import): both accept and refuse
+    the same tensors, except that the C one passes every tensor of no elements (the kernel checks those
+    sizes itself)."""
+    from megamoe.torch import _op
+
+    c_check = getattr(getattr(torch._C._dynamo, "guards", None), "assert_size_stride", None)
+    if _op._size_stride is _op._python_size_stride:
+        pytest.skip(f"this torch's assert_size_stride ({c_check}) is not used: the Python check runs")
+    base = torch.zeros(6, 4)
+    cases = [(base, (6, 4)), (base[:3], (3, 4)), (base[:1], (1, 4)), (base[::3], (2, 4)), (base[::6], (1, 4)),
+             (base[:, :2], (6, 2)), (base.t(), (4, 6)), (base.t()[:1], (1, 6)), (base.reshape(24), (6, 4)),
+             (base[:, :1], (6, 1)), (base.reshape(24, 1), (24, 1)), (base, (6, 3)), (base, (5, 4)), (base[:0], (0, 4))]
+    for t, size in cases:
+        stride = (size[1], 1)
+        results = []
+        for check in (c_check, _op._python_size_stride):
+            try:
+                results.append(bool(check(t, size, stride)))
+            except AssertionError:
+                results.append(False)
+        assert results[0] == results[1], (tuple(t.shape), t.stride(), size, results)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_op_checks_and_allocation_with_torch_functions_or_without(monkeypatch, fast):
+    """With torch's C functions for the size/stride check and y's allocation, or (a torch without them)
+    the Python check and torch.empty_strided: y bitwise equal, and every bad input of topk_weights and
+    topk_ids raises naming the argument, also at T = 0 (where assert_size_stride checks no sizes)."""
+    from megamoe.torch import _op
+
+    if not fast:
+        monkeypatch.setattr(_op, "_size_stride", _op._python_size_stride)
+        monkeypatch.setitem(_op._allocators, "cpu", _op._torch_empty_strided("cpu"))
+    model, x, ids, w, pad = layer_case("bf16", T=8)
+    m = tu.make_module(model, K=4, t_max=8, prefix="L10")
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    op, key = torch.ops.megamoe.experts, m._layer_id
+    y = op(key, X, W, ID, P)
+    assert tu.same_bits(y, m(X, W, ID, P)) and y.stride() == (256, 1)
+    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"], activations="bf16")
+    check_rows(tu.numpy_of(y), x, ids, pad)
+    live = np.isfinite(ref).all(axis=1)
+    assert mr.rel_l2(tu.numpy_of(y).astype(np.float64)[live], mr.bf16_round(ref[live])) <= TOL[tol_key("bf16", "bf16")]
+    e, e_w, e_ids = torch.zeros(0, 256, dtype=torch.bfloat16), torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32)
+    Inv = megamoe.InvalidArgumentError
+    cases = [
+        ((X, W, ID[:, :3].contiguous(), P), r"L10'?: topk_ids: shape \(8, 3\), expected \(8, 4\)"),
+        ((X, W[:4], ID, P), r"topk_weights: shape \(4, 4\), expected \(8, 4\)"),
+        ((X, W.reshape(-1), ID, P), r"topk_weights: shape \(32,\), expected \(8, 4\)"),
+        ((X, W.t().contiguous().t(), ID, P), r"topk_weights: not contiguous \(strides \(1, 8\)\)"),
+        ((X, W, torch.zeros(8, 8, dtype=torch.int32)[:, ::2], P), r"topk_ids: not contiguous \(strides \(8, 2\)\)"),
+        ((e, torch.zeros(0, 3), e_ids, None), r"topk_weights: shape \(0, 3\), expected \(0, 4\)"),
+        ((e, e_w, torch.zeros(0, 2, dtype=torch.int32), None), r"topk_ids: shape \(0, 2\), expected \(0, 4\)"),
+        ((e, e_w, e_ids.reshape(0), None), r"topk_ids: shape \(0,\), expected \(0, 4\)"),
+    ]
+    for a, msg in cases:
+        with pytest.raises(Inv, match=msg):
+            op(key, *a)
+        with pytest.raises(Inv, match=msg):
+            m(*a)
+    assert op(key, e, e_w, e_ids).shape == (0, 256)
+    assert tu.same_bits(op(key, X, W, ID, P), y), "the layer changed after bad input"
+
+
 def test_op_refuses_a_layer_of_several_ranks():
     """The op passes one megamoe_forward_args: a layer of R > 1 local ranks (which reads R of them) is
     refused when registered, not run on memory past the one it is given."""
@@ -345,6 +411,29 @@ def test_opcheck_cpu():
     X = torch.nan_to_num(X, nan=1.0, posinf=1.0)  # opcheck compares outputs with NaN != NaN
     for args in ((m._layer_id, X, W, ID, P), (m._layer_id, X, W, ID, None), (m._layer_id, X[:0], W[:0], ID[:0], None)):
         torch.library.opcheck(torch.ops.megamoe.experts.default, args)
+
+
+def test_y_is_contiguous_whatever_the_strides_of_hidden_states():
+    """y is a contiguous [T, H] tensor (strides (H, 1)) for every valid hidden_states, also a one-row view
+    of a larger tensor (contiguous, with any row stride), from the kernel, the module and the fake
+    implementation alike (torch.compile plans y's layout from the fake one)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, x, ids, w, pad = layer_case("bf16", T=4)
+    m = tu.make_module(model, K=4, t_max=4)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    big = torch.zeros(5, 256, dtype=torch.bfloat16)
+    big[0] = X[0]
+    x1 = big[::5]  # [1, 256] with strides (1280, 1)
+    assert x1.is_contiguous() and x1.stride() == (1280, 1)
+    args = (m._layer_id, x1, W[:1], ID[:1], P[:1])
+    y_op, y_mod = torch.ops.megamoe.experts(*args), m(*args[1:])
+    assert y_op.stride() == y_mod.stride() == (256, 1)
+    assert tu.same_bits(y_op, m(X[:1], W[:1], ID[:1], P[:1])) and tu.same_bits(y_mod, y_op)
+    with FakeTensorMode() as fm:
+        fy = torch.ops.megamoe.experts(m._layer_id, *(fm.from_tensor(t) for t in args[1:]))
+    assert fy.shape == (1, 256) and fy.stride() == (256, 1) and fy.dtype == torch.bfloat16
+    torch.library.opcheck(torch.ops.megamoe.experts.default, args)
 
 
 class TwoStep(torch.nn.Module):

@@ -56,7 +56,7 @@ def close_groups():
 
 atexit.register(close_groups)  # registered after _dist's, so it runs first
 
-_experts = torch.ops.megamoe.experts
+_experts, _kernel = torch.ops.megamoe.experts, _op.experts_kernel
 _I64, _HALF_DTYPES = torch.int64, (torch.bfloat16, torch.float16)
 _Tensor, _is_compiling, _grad_enabled = torch.Tensor, torch.compiler.is_compiling, torch.is_grad_enabled
 
@@ -118,7 +118,6 @@ class MegaMoEExperts(nn.Module):
             activation_clamp=activation_clamp, activations=activations)
         self.activations = self._layer.activations
         self._layer_id = _op.register(self._layer)
-        self._eager = _op.eager_call(self._layer_id)
         weakref.finalize(self, _op.unregister, self._layer_id)
 
         self._param_names = ()
@@ -259,7 +258,7 @@ class MegaMoEExperts(nn.Module):
         # export), tensor subclasses (FakeTensor) and inputs that require grad take the op.
         if (not _is_compiling() and type(hidden_states) is _Tensor
                 and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))):
-            return self._eager(hidden_states, topk_weights, topk_ids, is_padding)
+            return _kernel(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
         return _experts(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
 
     def check(self) -> None:
