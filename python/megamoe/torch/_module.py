@@ -56,7 +56,7 @@ def close_groups():
 
 atexit.register(close_groups)  # registered after _dist's, so it runs first
 
-_experts, _kernel = torch.ops.megamoe.experts, _op.experts_kernel
+_experts, _kernel = torch.ops.megamoe.experts.default, _op.experts_kernel
 _I64, _HALF_DTYPES = torch.int64, (torch.bfloat16, torch.float16)
 _Tensor, _is_compiling, _grad_enabled = torch.Tensor, torch.compiler.is_compiling, torch.is_grad_enabled
 
@@ -248,17 +248,23 @@ class MegaMoEExperts(nn.Module):
         """y [T, H] bf16. hidden_states [T, H] bf16; topk_weights [T, K] (float32, or bf16/f16: converted);
         topk_ids [T, K] (int32, or int64: converted) global expert ids, -1 = empty slot; is_padding [T]
         bool. On CUDA, ids outside [-1, E) are reported by check() (no host sync here)."""
-        self.input_buffer(hidden_states.shape[0])
         if topk_ids.dtype is _I64:
             topk_ids = topk_ids.int()
         if topk_weights.dtype in _HALF_DTYPES:
             topk_weights = topk_weights.float()
         # Plain tensors in eager mode go to the op's kernel directly, past PyTorch's dispatcher (its
         # crossing into a Python kernel costs more than the kernel's own checks). Tracing (torch.compile,
-        # export), tensor subclasses (FakeTensor) and inputs that require grad take the op.
-        if (not _is_compiling() and type(hidden_states) is _Tensor
+        # export), tensor subclasses (FakeTensor) and inputs that require grad take the op. The C library
+        # refuses a forward of more tokens than the buffer holds, or before finalize_weights(); the
+        # module's own message for these (input_buffer's) is built only then.
+        if (type(hidden_states) is _Tensor and not _is_compiling()
                 and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))):
-            return _kernel(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
+            try:
+                return _kernel(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
+            except megamoe.Error:
+                self.input_buffer(hidden_states.shape[0])
+                raise
+        self.input_buffer(hidden_states.shape[0])
         return _experts(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
 
     def check(self) -> None:
