@@ -507,3 +507,25 @@ def test_readme_python_section_runs(capsys):
     assert len(code.strip().splitlines()) <= 12
     exec(compile(code, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip().startswith("torch.Size([16, 256]) torch.bfloat16")
+
+
+def test_bench_op_runs_on_the_cpu():
+    """examples/bench_op.py (the binding's benchmark, run on the GPU machine by python/gpu_check.sh) runs
+    on the CPU backend and prints a row of positive host times (C call, op, module) per token count."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ)
+    if os.environ.get("MEGAMOE_LIBRARY"):  # the package of this source tree, as torchutil imports it
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "python"), os.environ.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, os.path.join(root, "examples", "bench_op.py"), "--device", "cpu", "--rounds", "2",
+                        "--calls", "20", "--tokens", "0,1"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[1].split()[:7] == ["T", "C", "call", "us", "op", "us", "module"], p.stdout
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["0", "1"], p.stdout
+    for r in rows:  # (their differences are noise-sized here: 2 rounds on a shared CPU)
+        assert all(float(v) > 0 for v in r[1:4]), p.stdout
