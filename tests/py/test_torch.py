@@ -489,6 +489,58 @@ def test_module_eager_path_skips_the_dispatcher_only_where_it_may(monkeypatch):
     assert tu.same_bits(m(X, W, ID, P), y_op)
 
 
+def test_eager_calls_skip_the_dispatcher_only_where_nothing_watches_it(monkeypatch):
+    """torch.ops.megamoe.experts and the module run the op's kernel directly (the same checks and C
+    call, y bitwise equal) on plain tensors in eager mode, and go through PyTorch's dispatcher wherever
+    something records or transforms the ops it dispatches: inputs that require grad, keyword arguments
+    (the packet's own call), fake tensors, a TorchDispatchMode (which then sees megamoe.experts from the
+    op and from the module alike), the profiler."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from megamoe.torch import _op
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model, x, ids, w, pad = layer_case("nvfp4", T=6)
+    m = tu.make_module(model, K=4, t_max=6)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    op, key = torch.ops.megamoe.experts, m._layer_id
+    y0 = op.default(key, X, W, ID, P)  # the OpOverload: always the dispatcher
+    through = []
+    real = _op._packet_call
+    monkeypatch.setattr(_op, "_packet_call", lambda *a, **k: through.append(1) or real(*a, **k))
+    assert tu.same_bits(op(key, X, W, ID, P), y0) and tu.same_bits(m(X, W, ID, P), y0)
+    Xg = X.clone().requires_grad_()
+    with torch.no_grad():
+        assert tu.same_bits(op(key, Xg, W, ID, P), y0)  # no gradient to record
+    assert through == []
+    assert tu.same_bits(op(key, X, W, ID, is_padding=P), y0) and len(through) == 1
+    assert tu.same_bits(op(key, Xg, W, ID, P).detach(), y0) and len(through) == 2
+    with FakeTensorMode() as fm:
+        fy = op(key, *(fm.from_tensor(t) for t in (X, W, ID, P)))
+    assert len(through) == 3 and tuple(fy.shape) == tuple(X.shape)
+    with Seen() as seen:
+        y_op, y_mod = op(key, X, W, ID, P), m(X, W, ID, P)
+    assert len(through) == 4 and seen.ops.count("megamoe.experts.default") == 2, seen.ops
+    assert tu.same_bits(y_op, y0) and tu.same_bits(y_mod, y0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = op(key, X, W, ID, P)
+    assert len(through) == 5 and tu.same_bits(y, y0)
+    assert any(e.name == "megamoe::experts" for e in prof.events())
+    # errors are the same on both paths
+    for call in (op, op.default):
+        with pytest.raises(megamoe.InvalidArgumentError, match="topk_weights: dtype float64"):
+            call(key, X, W.double(), ID, P)
+
+
 def test_empty_forward():
     model, *_ = layer_case("bf16", T=1)
     m = tu.make_module(model, K=4, t_max=4)

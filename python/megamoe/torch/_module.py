@@ -56,9 +56,8 @@ def close_groups():
 
 atexit.register(close_groups)  # registered after _dist's, so it runs first
 
-_experts, _kernel = torch.ops.megamoe.experts.default, _op.experts_kernel
+_experts, _kernel, _plain_eager = torch.ops.megamoe.experts.default, _op.experts_kernel, _op.plain_eager
 _I64, _HALF_DTYPES = torch.int64, (torch.bfloat16, torch.float16)
-_Tensor, _is_compiling, _grad_enabled = torch.Tensor, torch.compiler.is_compiling, torch.is_grad_enabled
 
 
 def _default_device():
@@ -252,13 +251,11 @@ class MegaMoEExperts(nn.Module):
             topk_ids = topk_ids.int()
         if topk_weights.dtype in _HALF_DTYPES:
             topk_weights = topk_weights.float()
-        # Plain tensors in eager mode go to the op's kernel directly, past PyTorch's dispatcher (its
-        # crossing into a Python kernel costs more than the kernel's own checks). Tracing (torch.compile,
-        # export), tensor subclasses (FakeTensor) and inputs that require grad take the op. The C library
-        # refuses a forward of more tokens than the buffer holds, or before finalize_weights(); the
-        # module's own message for these (input_buffer's) is built only then.
-        if (type(hidden_states) is _Tensor and not _is_compiling()
-                and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))):
+        # Plain tensors in eager mode go to the op's kernel directly, past PyTorch's dispatcher (as the
+        # op does, _op.plain_eager); tracing, tensor subclasses, modes and inputs that require grad take
+        # the op. The C library refuses a forward of more tokens than the buffer holds, or before
+        # finalize_weights(); the module's own message for these (input_buffer's) is built only then.
+        if _plain_eager(hidden_states, topk_weights, topk_ids):
             try:
                 return _kernel(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
             except megamoe.Error:

@@ -235,6 +235,34 @@ def _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding):
             "aligned", 1)
 
 
+# ---- eager calls past the dispatcher --------------------------------------------------------------
+
+def _tls_check(name, sub=None):
+    f = getattr(torch._C if sub is None else getattr(torch._C, sub, None), name, None)
+    return f if f is not None else (lambda: True)  # a torch without it: never past the dispatcher
+
+
+_Tensor, _grad_enabled, _is_compiling = torch.Tensor, torch.is_grad_enabled, torch.compiler.is_compiling
+_dispatch_modes = _tls_check("_len_torch_dispatch_stack")  # TorchDispatchModes (FakeTensorMode, make_fx, ...)
+_function_modes = _tls_check("_is_torch_function_mode_enabled")  # TorchFunctionModes
+_functorch = _tls_check("_are_functorch_transforms_active")  # vmap, grad, functionalize
+_profiling = _tls_check("_profiler_enabled", "_autograd")  # the profiler records ops in the dispatcher
+_jit_tracing = getattr(torch._C, "_get_tracing_state", lambda: True)  # torch.jit.trace records them there
+
+
+def plain_eager(hidden_states, topk_weights, topk_ids):
+    """Whether a call on these tensors may run the kernel directly, past PyTorch's dispatcher (whose
+    crossing into a Python kernel costs more host time than the kernel's own checks): plain tensors, no
+    gradient to record, and nothing that watches the dispatcher's ops (torch.compile and export tracing,
+    torch function and dispatch modes, functorch transforms, the profiler, torch.jit.trace). Everything
+    else takes the op, so autograd, fake tensors and tracing see it as before."""
+    return (not _is_compiling()  # first: dynamo, tracing this, takes it as a constant and reads no further
+            and type(hidden_states) is _Tensor and type(topk_weights) is _Tensor and type(topk_ids) is _Tensor
+            and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))
+            and not _dispatch_modes() and not _function_modes() and not _functorch() and not _profiling()
+            and _jit_tracing() is None)
+
+
 # ---- the op --------------------------------------------------------------------------------------
 
 _lib = torch.library.Library("megamoe", "DEF")
@@ -250,4 +278,20 @@ def _experts_fake(layer_id, hidden_states, topk_weights, topk_ids, is_padding=No
     return hidden_states.new_empty(hidden_states.shape, dtype=_BF16)  # contiguous [T, H], as the kernel's y
 
 
+_packet_call = torch._ops.OpOverloadPacket.__call__
+
+
+class _EagerPacket(torch._ops.OpOverloadPacket):
+    """torch.ops.megamoe.experts: eager calls on plain tensors (plain_eager) run the op's kernel directly,
+    with the same checks, C call and errors; every other call goes through PyTorch's dispatcher as an
+    OpOverloadPacket's does (dynamo and export trace the op without calling this)."""
+
+    def __call__(self, /, *args, **kwargs):
+        if not kwargs and 4 <= len(args) <= 5 and plain_eager(args[1], args[2], args[3]):
+            return experts_kernel(*args)
+        return _packet_call(self, *args, **kwargs)
+
+
+if type(torch.ops.megamoe.experts) is torch._ops.OpOverloadPacket:
+    torch.ops.megamoe.experts.__class__ = _EagerPacket
 experts = torch.ops.megamoe.experts
