@@ -7,10 +7,12 @@ Every check is on tensor metadata (no host synchronization), so the op can be ca
 and traced by torch.compile (the fake implementation gives the output's shape).
 
 The op is defined with torch.library.Library and one Python kernel for the CPU and CUDA dispatch keys,
-so an eager call crosses from the dispatcher into Python once (torch.library.custom_op wraps a kernel
-in several Python layers, among them an autograd one, which cost more than the C forward's host
-time). The op is not differentiable: it has no autograd formula, and PyTorch's fallback for such ops
-applies (backward through it warns and gives the inputs no gradient).
+so a call through the dispatcher crosses into Python once (torch.library.custom_op wraps a kernel in
+several Python layers, among them an autograd one, which cost more than the C forward's host time).
+An eager call of torch.ops.megamoe.experts on plain tensors that nothing watches (plain_eager) runs the
+kernel without the dispatcher at all, as MegaMoEExperts' forward does. The op is not differentiable:
+it has no autograd formula, and PyTorch's fallback for such ops applies (backward through it warns and
+gives the inputs no gradient).
 """
 import ctypes
 import itertools
