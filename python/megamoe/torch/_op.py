@@ -295,5 +295,8 @@ class _EagerPacket(torch._ops.OpOverloadPacket):
 
 
 if type(torch.ops.megamoe.experts) is torch._ops.OpOverloadPacket:
-    torch.ops.megamoe.experts.__class__ = _EagerPacket
+    try:
+        torch.ops.megamoe.experts.__class__ = _EagerPacket
+    except TypeError:  # a torch whose packet's layout forbids it: every call takes the dispatcher
+        pass
 experts = torch.ops.megamoe.experts
