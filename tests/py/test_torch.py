@@ -145,6 +145,7 @@ def test_bad_inputs_raise_and_layer_keeps_working():
         ((X, W, ID.t().contiguous().t(), P), megamoe.InvalidArgumentError, r"topk_ids: not contiguous \(strides \(1, 16\)\)"),
         ((X, W, ID, P[:8]), megamoe.InvalidArgumentError, r"is_padding: shape \(8,\), expected \(16,\)"),
         ((X.reshape(1, 16, 256), W, ID, P), megamoe.InvalidArgumentError, r"hidden_states \(1, 16, 256\), expected \[T, 256\]"),
+        ((X.reshape(-1), W, ID, P), megamoe.InvalidArgumentError, r"hidden_states \(4096,\), expected \[T, 256\]"),
     ]
     for a, exc, msg in cases:
         with pytest.raises(exc, match=msg):

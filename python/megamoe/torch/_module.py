@@ -258,7 +258,7 @@ class MegaMoEExperts(nn.Module):
         if _plain_eager(hidden_states, topk_weights, topk_ids):
             try:
                 return _kernel(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
-            except megamoe.Error:
+            except (megamoe.BadInputError, megamoe.NotFinalizedError):  # the C library's refusals
                 self.input_buffer(hidden_states.shape[0])
                 raise
         self.input_buffer(hidden_states.shape[0])
