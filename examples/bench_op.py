@@ -183,7 +183,8 @@ def main():
                                 "--hidden", str(H), "--inter", str(I), "--tokens", str(T), "--format", a.format,
                                 "--backend", "cuda"], capture_output=True, text=True)
             cli = " | ".join(line.strip() for line in p.stdout.splitlines()[-2:]) if p.returncode == 0 else p.stderr[-200:]
-        print(f"{T:<6} {c_us:9.1f} {op_us:7.1f} {mod_us:10.1f} {op_c:9.1f} {mod_c:12.1f} {mod32_c:13.1f} {g_ms}   {cli}")
+        print(f"{T:<6} {c_us:9.1f} {op_us:7.1f} {mod_us:10.1f} {op_c:9.1f} {mod_c:12.1f} {mod32_c:13.1f} {g_ms}"
+              f"   {cli}")
     m.check()
 
 

@@ -573,8 +573,9 @@ def test_bench_op_runs_on_the_cpu():
     env = dict(os.environ)
     if os.environ.get("MEGAMOE_LIBRARY"):  # the package of this source tree, as torchutil imports it
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "python"), os.environ.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, os.path.join(root, "examples", "bench_op.py"), "--device", "cpu", "--rounds", "2",
-                        "--calls", "20", "--tokens", "0,1"], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, os.path.join(root, "examples", "bench_op.py"), "--device", "cpu",
+                        "--rounds", "2", "--calls", "20", "--tokens", "0,1"],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.splitlines()
     assert lines[1].split()[:7] == ["T", "C", "call", "us", "op", "us", "module"], p.stdout
