@@ -1,12 +1,12 @@
 """Benchmark of the PyTorch binding (issue 22, Speed), on a GPU or, for the host-side part, on the CPU:
 
 1. eager overhead: host time per forward of the op (torch.ops.megamoe.experts) and of the module
-   (MegaMoEExperts.forward, with its int64 -> int32 id conversion) minus the bare C call
-   (megamoe_layer_forward through ctypes on a ForwardArgs filled once), enqueued without a
-   synchronization. The three are timed in turn within each round; on CUDA the columns are the
-   rounds' medians and op-C the median of the per-round differences (a load that drifts between rounds
-   cancels), on the CPU the fastest round of each and their difference (the rounds least disturbed by
-   other processes on a shared machine);
+   (MegaMoEExperts.forward with int64 ids, as torch.topk gives them, which it converts to int32; and
+   with int32 ids, "mod(i32)") minus the bare C call (megamoe_layer_forward through ctypes on a
+   ForwardArgs filled once), enqueued without a synchronization. The four are timed in turn within
+   each round; on CUDA the columns are the rounds' medians and the differences the medians of the
+   per-round differences (a load that drifts between rounds cancels), on the CPU the fastest round of
+   each and their differences (the rounds least disturbed by other processes on a shared machine);
 2. graph kernel time (CUDA only): the op captured in a torch.cuda.CUDAGraph and replayed, CUDA events
    around many replays, beside `megamoe bench` on the same shape when MEGAMOE_CLI names the CLI.
 
@@ -131,7 +131,7 @@ def main():
     ap.add_argument("--format", default="nvfp4", choices=["nvfp4", "bf16"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--calls", type=int, help="calls per round (default 40 on CUDA, 400 on the CPU)")
-    ap.add_argument("--rounds", type=int, help="rounds (default 15 on CUDA, 31 on the CPU)")
+    ap.add_argument("--rounds", type=int, help="rounds (default 41 on CUDA, 31 on the CPU)")
     ap.add_argument("--clock", choices=["wall", "thread"],
                     help="wall: time.perf_counter (the default on CUDA); thread: this thread's CPU time, "
                          "time.thread_time (the default on the CPU: it leaves out the time the thread waits "
@@ -148,7 +148,7 @@ def main():
     clock_name = a.clock or ("wall" if dev == "cuda" else "thread")
     clock = time.perf_counter if clock_name == "wall" else time.thread_time
     stat = a.stat or ("median" if dev == "cuda" else "min")
-    rounds = a.rounds or (15 if dev == "cuda" else 31)
+    rounds = a.rounds or (41 if dev == "cuda" else 31)
     E, K, H, I = a.experts, a.top_k, a.hidden, a.inter
     tokens = [int(t) for t in a.tokens.split(",")]
     if dev == "cpu":
@@ -161,7 +161,7 @@ def main():
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream if dev == "cuda" else None)
     forward = _capi.lib.megamoe_layer_forward
     op = torch.ops.megamoe.experts
-    print("T      C call us   op us  module us   op-C us   graph ms   megamoe bench")
+    print("T      C call us   op us  module us   op-C us  module-C us  mod(i32)-C us   graph ms   megamoe bench")
     for T in tokens:
         x, w, ids = inputs(T, E, K, H, dev)
         ids32 = ids.int()
@@ -173,8 +173,9 @@ def main():
             if forward(handle, args_ref, stream):
                 raise megamoe.Error(_capi.lib.megamoe_layer_last_error(handle).decode())
 
-        (c_us, op_us, mod_us), (_, op_c, _) = host_us(
-            [c_call, lambda: op(key, x, w, ids32, None), lambda: m(x, w, ids)], dev, calls, rounds, clock, stat)
+        (c_us, op_us, mod_us, _), (_, op_c, mod_c, mod32_c) = host_us(
+            [c_call, lambda: op(key, x, w, ids32, None), lambda: m(x, w, ids), lambda: m(x, w, ids32)], dev, calls,
+            rounds, clock, stat)
         g_ms = f"{graph_ms(m, x, w, ids32):10.4f}" if dev == "cuda" else f"{'-':>10}"
         cli = ""
         if os.environ.get("MEGAMOE_CLI") and dev == "cuda":
@@ -182,7 +183,8 @@ def main():
                                 "--hidden", str(H), "--inter", str(I), "--tokens", str(T), "--format", a.format,
                                 "--backend", "cuda"], capture_output=True, text=True)
             cli = " | ".join(line.strip() for line in p.stdout.splitlines()[-2:]) if p.returncode == 0 else p.stderr[-200:]
-        print(f"{T:<6} {c_us:9.1f} {op_us:7.1f} {mod_us:10.1f} {op_c:9.1f} {g_ms}   {cli}")
+        print(f"{T:<6} {c_us:9.1f} {op_us:7.1f} {mod_us:10.1f} {op_c:9.1f} {mod_c:12.1f} {mod32_c:13.1f} {g_ms}"
+              f"   {cli}")
     m.check()
 
 

@@ -82,7 +82,7 @@ def test_life_cycle_parameters_memory():
     for n, (shape, dtype) in expect.items():
         assert tuple(params[n].shape) == shape and params[n].dtype == dtype, n
         assert params[n].weight_loader == m.weight_loader
-    with pytest.raises(megamoe.NotFinalizedError, match="finalize"):
+    with pytest.raises(megamoe.NotFinalizedError, match=r"^blk: forward before finalize_weights\(\)"):
         m(torch.zeros(1, 256, dtype=torch.bfloat16), torch.ones(1, 4), torch.zeros(1, 4, dtype=torch.int32))
     names = []
     gen = m.load_weights(tu.module_weights(model))
@@ -145,13 +145,14 @@ def test_bad_inputs_raise_and_layer_keeps_working():
         ((X, W, ID.t().contiguous().t(), P), megamoe.InvalidArgumentError, r"topk_ids: not contiguous \(strides \(1, 16\)\)"),
         ((X, W, ID, P[:8]), megamoe.InvalidArgumentError, r"is_padding: shape \(8,\), expected \(16,\)"),
         ((X.reshape(1, 16, 256), W, ID, P), megamoe.InvalidArgumentError, r"hidden_states \(1, 16, 256\), expected \[T, 256\]"),
+        ((X.reshape(-1), W, ID, P), megamoe.InvalidArgumentError, r"hidden_states \(4096,\), expected \[T, 256\]"),
     ]
     for a, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             m(*a)
     # T above the layer's maximum: both numbers named, by forward and input_buffer
     x17 = torch.zeros(17, 256, dtype=torch.bfloat16)
-    with pytest.raises(megamoe.BadInputError, match="17 tokens.*16"):
+    with pytest.raises(megamoe.BadInputError, match="^L7: MegaMoE got 17 tokens, but the buffer was sized for 16"):
         m(x17, torch.ones(17, 4), torch.zeros(17, 4, dtype=torch.int32))
     with pytest.raises(megamoe.BadInputError, match="got 17 tokens, but the buffer was sized for 16"):
         m.input_buffer(17)
@@ -208,6 +209,72 @@ def test_op_errors_name_argument_and_value():
                          intermediate_size=256, num_max_tokens_per_rank=16, is_nvfp4=False, prefix="L9", device="cpu")
     with pytest.raises(megamoe.NotFinalizedError, match="L9.*finalize"):
         op(raw._layer_id, X, W, ID, P)
+
+
+def test_size_stride_checks_agree():
+    """The kernel checks topk_weights' and topk_ids' sizes and strides with torch's C function
+    assert_size_stride where it agrees with the Python check (found at import): both accept and refuse
+    the same tensors, except that the C one passes every tensor of no elements (the kernel checks those
+    sizes itself)."""
+    from megamoe.torch import _op
+
+    c_check = getattr(getattr(torch._C._dynamo, "guards", None), "assert_size_stride", None)
+    if _op._size_stride is _op._python_size_stride:
+        pytest.skip(f"this torch's assert_size_stride ({c_check}) is not used: the Python check runs")
+    base = torch.zeros(6, 4)
+    cases = [(base, (6, 4)), (base[:3], (3, 4)), (base[:1], (1, 4)), (base[::3], (2, 4)), (base[::6], (1, 4)),
+             (base[:, :2], (6, 2)), (base.t(), (4, 6)), (base.t()[:1], (1, 6)), (base.reshape(24), (6, 4)),
+             (base[:, :1], (6, 1)), (base.reshape(24, 1), (24, 1)), (base, (6, 3)), (base, (5, 4)), (base[:0], (0, 4))]
+    for t, size in cases:
+        stride = (size[1], 1)
+        results = []
+        for check in (c_check, _op._python_size_stride):
+            try:
+                results.append(bool(check(t, size, stride)))
+            except AssertionError:
+                results.append(False)
+        assert results[0] == results[1], (tuple(t.shape), t.stride(), size, results)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_op_checks_and_allocation_with_torch_functions_or_without(monkeypatch, fast):
+    """With torch's C functions for the size/stride check and y's allocation, or (a torch without them)
+    the Python check and torch.empty_strided: y bitwise equal, and every bad input of topk_weights and
+    topk_ids raises naming the argument, also at T = 0 (where assert_size_stride checks no sizes)."""
+    from megamoe.torch import _op
+
+    if not fast:
+        monkeypatch.setattr(_op, "_size_stride", _op._python_size_stride)
+        monkeypatch.setitem(_op._allocators, "cpu", _op._torch_empty_strided("cpu"))
+    model, x, ids, w, pad = layer_case("bf16", T=8)
+    m = tu.make_module(model, K=4, t_max=8, prefix="L10")
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    op, key = torch.ops.megamoe.experts, m._layer_id
+    y = op(key, X, W, ID, P)
+    assert tu.same_bits(y, m(X, W, ID, P)) and y.stride() == (256, 1)
+    ref = mr.reference_layer(model, x, ids, w, pad, gamma=model["norm"], activations="bf16")
+    check_rows(tu.numpy_of(y), x, ids, pad)
+    live = np.isfinite(ref).all(axis=1)
+    assert mr.rel_l2(tu.numpy_of(y).astype(np.float64)[live], mr.bf16_round(ref[live])) <= TOL[tol_key("bf16", "bf16")]
+    e, e_w, e_ids = torch.zeros(0, 256, dtype=torch.bfloat16), torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32)
+    Inv = megamoe.InvalidArgumentError
+    cases = [
+        ((X, W, ID[:, :3].contiguous(), P), r"L10'?: topk_ids: shape \(8, 3\), expected \(8, 4\)"),
+        ((X, W[:4], ID, P), r"topk_weights: shape \(4, 4\), expected \(8, 4\)"),
+        ((X, W.reshape(-1), ID, P), r"topk_weights: shape \(32,\), expected \(8, 4\)"),
+        ((X, W.t().contiguous().t(), ID, P), r"topk_weights: not contiguous \(strides \(1, 8\)\)"),
+        ((X, W, torch.zeros(8, 8, dtype=torch.int32)[:, ::2], P), r"topk_ids: not contiguous \(strides \(8, 2\)\)"),
+        ((e, torch.zeros(0, 3), e_ids, None), r"topk_weights: shape \(0, 3\), expected \(0, 4\)"),
+        ((e, e_w, torch.zeros(0, 2, dtype=torch.int32), None), r"topk_ids: shape \(0, 2\), expected \(0, 4\)"),
+        ((e, e_w, e_ids.reshape(0), None), r"topk_ids: shape \(0,\), expected \(0, 4\)"),
+    ]
+    for a, msg in cases:
+        with pytest.raises(Inv, match=msg):
+            op(key, *a)
+        with pytest.raises(Inv, match=msg):
+            m(*a)
+    assert op(key, e, e_w, e_ids).shape == (0, 256)
+    assert tu.same_bits(op(key, X, W, ID, P), y), "the layer changed after bad input"
 
 
 def test_op_refuses_a_layer_of_several_ranks():
@@ -347,6 +414,29 @@ def test_opcheck_cpu():
         torch.library.opcheck(torch.ops.megamoe.experts.default, args)
 
 
+def test_y_is_contiguous_whatever_the_strides_of_hidden_states():
+    """y is a contiguous [T, H] tensor (strides (H, 1)) for every valid hidden_states, also a one-row view
+    of a larger tensor (contiguous, with any row stride), from the kernel, the module and the fake
+    implementation alike (torch.compile plans y's layout from the fake one)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, x, ids, w, pad = layer_case("bf16", T=4)
+    m = tu.make_module(model, K=4, t_max=4)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    big = torch.zeros(5, 256, dtype=torch.bfloat16)
+    big[0] = X[0]
+    x1 = big[::5]  # [1, 256] with strides (1280, 1)
+    assert x1.is_contiguous() and x1.stride() == (1280, 1)
+    args = (m._layer_id, x1, W[:1], ID[:1], P[:1])
+    y_op, y_mod = torch.ops.megamoe.experts(*args), m(*args[1:])
+    assert y_op.stride() == y_mod.stride() == (256, 1)
+    assert tu.same_bits(y_op, m(X[:1], W[:1], ID[:1], P[:1])) and tu.same_bits(y_mod, y_op)
+    with FakeTensorMode() as fm:
+        fy = torch.ops.megamoe.experts(m._layer_id, *(fm.from_tensor(t) for t in args[1:]))
+    assert fy.shape == (1, 256) and fy.stride() == (256, 1) and fy.dtype == torch.bfloat16
+    torch.library.opcheck(torch.ops.megamoe.experts.default, args)
+
+
 class TwoStep(torch.nn.Module):
     """A model around the experts: scaling by 2 and the residual add are exact in bf16, so compiled and
     eager must agree bitwise."""
@@ -400,6 +490,58 @@ def test_module_eager_path_skips_the_dispatcher_only_where_it_may(monkeypatch):
     assert tu.same_bits(m(X, W, ID, P), y_op)
 
 
+def test_eager_calls_skip_the_dispatcher_only_where_nothing_watches_it(monkeypatch):
+    """torch.ops.megamoe.experts and the module run the op's kernel directly (the same checks and C
+    call, y bitwise equal) on plain tensors in eager mode, and go through PyTorch's dispatcher wherever
+    something records or transforms the ops it dispatches: inputs that require grad, keyword arguments
+    (the packet's own call), fake tensors, a TorchDispatchMode (which then sees megamoe.experts from the
+    op and from the module alike), the profiler."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from megamoe.torch import _op
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model, x, ids, w, pad = layer_case("nvfp4", T=6)
+    m = tu.make_module(model, K=4, t_max=6)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad)
+    op, key = torch.ops.megamoe.experts, m._layer_id
+    y0 = op.default(key, X, W, ID, P)  # the OpOverload: always the dispatcher
+    through = []
+    real = _op._packet_call
+    monkeypatch.setattr(_op, "_packet_call", lambda *a, **k: through.append(1) or real(*a, **k))
+    assert tu.same_bits(op(key, X, W, ID, P), y0) and tu.same_bits(m(X, W, ID, P), y0)
+    Xg = X.clone().requires_grad_()
+    with torch.no_grad():
+        assert tu.same_bits(op(key, Xg, W, ID, P), y0)  # no gradient to record
+    assert through == []
+    assert tu.same_bits(op(key, X, W, ID, is_padding=P), y0) and len(through) == 1
+    assert tu.same_bits(op(key, Xg, W, ID, P).detach(), y0) and len(through) == 2
+    with FakeTensorMode() as fm:
+        fy = op(key, *(fm.from_tensor(t) for t in (X, W, ID, P)))
+    assert len(through) == 3 and tuple(fy.shape) == tuple(X.shape)
+    with Seen() as seen:
+        y_op, y_mod = op(key, X, W, ID, P), m(X, W, ID, P)
+    assert len(through) == 4 and seen.ops.count("megamoe.experts.default") == 2, seen.ops
+    assert tu.same_bits(y_op, y0) and tu.same_bits(y_mod, y0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = op(key, X, W, ID, P)
+    assert len(through) == 5 and tu.same_bits(y, y0)
+    assert any(e.name == "megamoe::experts" for e in prof.events())
+    # errors are the same on both paths
+    for call in (op, op.default):
+        with pytest.raises(megamoe.InvalidArgumentError, match="topk_weights: dtype float64"):
+            call(key, X, W.double(), ID, P)
+
+
 def test_empty_forward():
     model, *_ = layer_case("bf16", T=1)
     m = tu.make_module(model, K=4, t_max=4)
@@ -418,3 +560,26 @@ def test_readme_python_section_runs(capsys):
     assert len(code.strip().splitlines()) <= 12
     exec(compile(code, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip().startswith("torch.Size([16, 256]) torch.bfloat16")
+
+
+def test_bench_op_runs_on_the_cpu():
+    """examples/bench_op.py (the binding's benchmark, run on the GPU machine by python/gpu_check.sh) runs
+    on the CPU backend and prints a row of positive host times (C call, op, module) per token count."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ)
+    if os.environ.get("MEGAMOE_LIBRARY"):  # the package of this source tree, as torchutil imports it
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "python"), os.environ.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, os.path.join(root, "examples", "bench_op.py"), "--device", "cpu",
+                        "--rounds", "2", "--calls", "20", "--tokens", "0,1"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[1].split()[:7] == ["T", "C", "call", "us", "op", "us", "module"], p.stdout
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["0", "1"], p.stdout
+    for r in rows:  # (their differences are noise-sized here: 2 rounds on a shared CPU)
+        assert all(float(v) > 0 for v in r[1:4]), p.stdout

@@ -136,6 +136,30 @@ def test_bad_ids_reported_by_check_without_sync():
     m.check()
 
 
+def test_cuda_op_eager_path_equals_the_dispatcher():
+    """On CUDA, torch.ops.megamoe.experts called eagerly on plain tensors (its kernel without the
+    dispatcher) and through the dispatcher (the OpOverload) give the same y bitwise, contiguous on the
+    layer's device, enqueued on the current stream without a host synchronization."""
+    model, x, ids, w, pad = case("nvfp4", T=24, edge=False)
+    m = tu.make_module(model, K=4, t_max=24, device=DEV)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad, DEV)
+    op, key = torch.ops.megamoe.experts, m._layer_id
+    y_disp = op.default(key, X, W, ID, P)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.set_sync_debug_mode("error")  # the op must not synchronize the host
+    try:
+        with torch.cuda.stream(s):
+            y_fast, y_mod = op(key, X, W, ID, P), m(X, W, ID.long(), P)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    s.synchronize()
+    for y in (y_fast, y_mod):
+        assert y.device == X.device and y.dtype == torch.bfloat16 and y.stride() == (X.shape[1], 1)
+        assert tu.same_bits(y, y_disp)
+    m.check()
+
+
 def test_cuda_input_errors():
     model, x, ids, w, pad = case("bf16", T=8, edge=False)
     m = tu.make_module(model, K=4, t_max=8, device=DEV)

@@ -56,9 +56,8 @@ def close_groups():
 
 atexit.register(close_groups)  # registered after _dist's, so it runs first
 
-_experts = torch.ops.megamoe.experts
+_experts, _kernel, _plain_eager = torch.ops.megamoe.experts.default, _op.experts_kernel, _op.plain_eager
 _I64, _HALF_DTYPES = torch.int64, (torch.bfloat16, torch.float16)
-_Tensor, _is_compiling, _grad_enabled = torch.Tensor, torch.compiler.is_compiling, torch.is_grad_enabled
 
 
 def _default_device():
@@ -118,7 +117,6 @@ class MegaMoEExperts(nn.Module):
             activation_clamp=activation_clamp, activations=activations)
         self.activations = self._layer.activations
         self._layer_id = _op.register(self._layer)
-        self._eager = _op.eager_call(self._layer_id)
         weakref.finalize(self, _op.unregister, self._layer_id)
 
         self._param_names = ()
@@ -249,17 +247,21 @@ class MegaMoEExperts(nn.Module):
         """y [T, H] bf16. hidden_states [T, H] bf16; topk_weights [T, K] (float32, or bf16/f16: converted);
         topk_ids [T, K] (int32, or int64: converted) global expert ids, -1 = empty slot; is_padding [T]
         bool. On CUDA, ids outside [-1, E) are reported by check() (no host sync here)."""
-        self.input_buffer(hidden_states.shape[0])
         if topk_ids.dtype is _I64:
             topk_ids = topk_ids.int()
         if topk_weights.dtype in _HALF_DTYPES:
             topk_weights = topk_weights.float()
-        # Plain tensors in eager mode go to the op's kernel directly, past PyTorch's dispatcher (its
-        # crossing into a Python kernel costs more than the kernel's own checks). Tracing (torch.compile,
-        # export), tensor subclasses (FakeTensor) and inputs that require grad take the op.
-        if (not _is_compiling() and type(hidden_states) is _Tensor
-                and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))):
-            return self._eager(hidden_states, topk_weights, topk_ids, is_padding)
+        # Plain tensors in eager mode go to the op's kernel directly, past PyTorch's dispatcher (as the
+        # op does, _op.plain_eager); tracing, tensor subclasses, modes and inputs that require grad take
+        # the op. The C library refuses a forward of more tokens than the buffer holds, or before
+        # finalize_weights(); the module's own message for these (input_buffer's) is built only then.
+        if _plain_eager(hidden_states, topk_weights, topk_ids):
+            try:
+                return _kernel(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
+            except (megamoe.BadInputError, megamoe.NotFinalizedError):  # the C library's refusals
+                self.input_buffer(hidden_states.shape[0])
+                raise
+        self.input_buffer(hidden_states.shape[0])
         return _experts(self._layer_id, hidden_states, topk_weights, topk_ids, is_padding)
 
     def check(self) -> None:

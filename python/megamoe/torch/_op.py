@@ -7,13 +7,16 @@ Every check is on tensor metadata (no host synchronization), so the op can be ca
 and traced by torch.compile (the fake implementation gives the output's shape).
 
 The op is defined with torch.library.Library and one Python kernel for the CPU and CUDA dispatch keys,
-so an eager call crosses from the dispatcher into Python once (torch.library.custom_op wraps a kernel
-in several Python layers, among them an autograd one, which cost more than the C forward's host
-time). The op is not differentiable: it has no autograd formula, and PyTorch's fallback for such ops
-applies (backward through it warns and gives the inputs no gradient).
+so a call through the dispatcher crosses into Python once (torch.library.custom_op wraps a kernel in
+several Python layers, among them an autograd one, which cost more than the C forward's host time).
+An eager call of torch.ops.megamoe.experts on plain tensors that nothing watches (plain_eager) runs the
+kernel without the dispatcher at all, as MegaMoEExperts' forward does. The op is not differentiable:
+it has no autograd formula, and PyTorch's fallback for such ops applies (backward through it warns and
+gives the inputs no gradient).
 """
 import ctypes
 import itertools
+import struct
 import threading
 
 import torch
@@ -22,7 +25,7 @@ import megamoe
 from megamoe import _capi
 
 _registry = {}  # key -> megamoe.Layer
-_calls = {}  # key -> the layer's forward on validated tensors (_layer_call)
+_layers = {}  # key -> what the kernel needs of the layer (_kernel_state)
 _ids = itertools.count(1)
 _lock = threading.Lock()
 
@@ -33,11 +36,11 @@ def register(layer):
         raise megamoe.InvalidArgumentError(
             f"megamoe layer {layer.name!r}: the torch op runs layers of one local rank, this group has "
             f"{layer.group.local_ranks}", 1)
-    call = _layer_call(layer)
+    state = _kernel_state(layer)
     with _lock:
         key = next(_ids)
         _registry[key] = layer
-        _calls[key] = call
+        _layers[key] = state
     return key
 
 
@@ -45,15 +48,9 @@ def unregister(key):
     """Drops the registry's reference (and closes the layer, which nothing else may use after this)."""
     with _lock:
         layer = _registry.pop(key, None)
-        _calls.pop(key, None)
+        _layers.pop(key, None)
     if layer is not None:
         layer.close()
-
-
-def eager_call(key):
-    """The op's kernel for layer `key` as a plain function (MegaMoEExperts' eager path): the same checks,
-    the same C call, without the dispatcher."""
-    return _calls[key]
 
 
 def lookup(key):
@@ -72,57 +69,134 @@ def _layer_device(layer):
 _BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
 _PAD_DTYPES = (torch.bool, torch.uint8)
 _forward = _capi.lib.megamoe_layer_forward
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+# megamoe_forward_args written in one call (num_tokens, then the five pointers, with the native sizes
+# and alignment the C compiler lays the struct out with) instead of one ctypes assignment per member.
+_ARGS = struct.Struct("@iPPPPP")
+if _ARGS.size != ctypes.sizeof(_capi.ForwardArgs) or _capi.ForwardArgs.x.offset != _ARGS.size - 5 * ctypes.sizeof(
+        ctypes.c_void_p):
+    raise ImportError("megamoe.torch: megamoe_forward_args does not have the layout this package packs")
+_pack = _ARGS.pack_into
 
 
-# The output y, shaped and strided as hidden_states (which the kernel requires contiguous: its strides
-# differ from [H, 1] only where T <= 1, where they do not matter), by the kernel and the fake
-# implementation alike, so that both give y the same strides.
-_new_y = torch.empty_like
+def _dynamo_guards_function(name):
+    """A function of torch._C._dynamo.guards (torch.compile's generated code calls these C functions on
+    its hot path), or None where this torch lacks it."""
+    return getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), name, None)
 
 
-def _layer_call(layer):
-    """The layer's forward on tensors: checks what the C library cannot see (dtype, device, shape,
-    contiguity, alignment of hidden_states on the GPU; in one expression, the messages built only on
-    the slow path), allocates y and calls megamoe_layer_forward on a ForwardArgs the layer keeps (not
-    for concurrent use from several threads, like the C layer). The C library checks the rest (a
-    finalized layer, T against the layer's maximum, ids and routing weights on the CPU) and its error
-    raises with the layer's message."""
-    H, K = layer.hidden_size, layer.top_k
-    cell = layer._cell  # [handle]; None once the layer or its group is closed
+def _python_size_stride(t, size, stride):
+    """assert_size_stride for the contiguous strides of `size` (the only ones asked for here)."""
+    if t.shape != size or not t.is_contiguous():
+        raise AssertionError(f"expected size {size}, contiguous")
+    return True
+
+
+def _size_stride_check():
+    """(tensor, size, stride) -> True, or AssertionError where the tensor has other sizes, or other
+    strides in a dimension longer than 1 (contiguity, for contiguous strides). torch's C function (one
+    call where the Python check reads shape and calls is_contiguous()) where it behaves so, this Python
+    one otherwise. Tensors of no elements pass torch's whatever their sizes (the caller checks those)."""
+    f = _dynamo_guards_function("assert_size_stride")
+    t = torch.zeros(3, 2)
+    try:
+        good = f(t, (3, 2), (2, 1)) and f(t[:1], (1, 2), (2, 1)) and f(t[::3], (1, 2), (2, 1))
+        for bad in ((t, (3, 3), (3, 1)), (t, (2, 3), (3, 1)), (t.t(), (2, 3), (3, 1)), (t.reshape(6), (3, 2), (2, 1)),
+                    (t[:, :1], (3, 1), (1, 1))):
+            try:
+                f(*bad)
+                good = False
+            except AssertionError:
+                pass
+    except Exception:  # absent, or other arguments in this torch
+        good = False
+    return f if good else _python_size_stride
+
+
+def _torch_empty_strided(device_type):
+    device = torch.device(device_type)
+    return lambda shape, strides, dtype: torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+
+def _empty_strided(device_type):
+    """The allocator of y: (shape, strides, dtype) -> an uninitialized tensor on the CPU or the current
+    CUDA device. torch's C function (torch.empty_like and torch.empty_strided go through the dispatcher)
+    where it gives what it should, torch.empty_strided otherwise."""
+    f = _dynamo_guards_function(f"_empty_strided_{device_type}")
+    try:
+        t = f((3, 2), (2, 1), _BF16)
+        good = t.shape == (3, 2) and t.stride() == (2, 1) and t.dtype is _BF16 and t.device.type == device_type
+    except Exception:
+        good = False
+    return f if good else _torch_empty_strided(device_type)
+
+
+_size_stride = _size_stride_check()
+_allocators = {"cpu": _empty_strided("cpu")}  # "cuda" added with the first CUDA layer (CUDA initialized)
+
+
+def _kernel_state(layer):
+    """What the kernel reads of a layer per call, in one tuple: the layer, H, K, the device index (-1 on
+    the CPU, as Tensor.get_device()), the cell of its handle (None once closed: the C call then
+    refuses), a megamoe_forward_args the layer keeps (not for concurrent use from several threads, like
+    the C layer) and a reference to it, y's allocator, y's strides, the ids' and weights' strides."""
     on_cuda = layer.group.backend != "cpu"
-    dev_index = layer.group.device if on_cuda else -1  # Tensor.get_device(): -1 on the CPU
-    align = 15 if on_cuda else 0
+    if on_cuda and "cuda" not in _allocators:
+        _allocators["cuda"] = _empty_strided("cuda")
     args = _capi.ForwardArgs()
-    args_ref = ctypes.byref(args)
-    raw_stream = torch._C._cuda_getCurrentRawStream if on_cuda else None
+    H, K = layer.hidden_size, layer.top_k
+    return (layer, H, K, layer.group.device if on_cuda else -1, layer._cell, args, ctypes.byref(args),
+            _allocators["cuda" if on_cuda else "cpu"], (H, 1), (K, 1))
 
-    def call(x, w, ids, pad):
-        xp = x.data_ptr()
-        try:
-            T, h = x.shape
-            ok = (x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32 and h == H
-                  and w.shape == ids.shape == (T, K)
-                  and x.get_device() == w.get_device() == ids.get_device() == dev_index
-                  and x.is_contiguous() and w.is_contiguous() and ids.is_contiguous()
-                  and (T == 0 or not (xp & align))
-                  and (pad is None or (pad.dtype in _PAD_DTYPES and pad.shape == (T,) and pad.get_device() == dev_index
-                                       and pad.is_contiguous()))
-                  and cell[0] is not None)
-        except (AttributeError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            _validate_slow(layer, x, w, ids, pad)
-            T = x.shape[0]
-        y = _new_y(x)
-        args.num_tokens, args.x, args.topk_ids, args.topk_weights, args.y = T, xp, ids.data_ptr(), w.data_ptr(), \
-            y.data_ptr()
-        args.is_padding = pad.data_ptr() if pad is not None else None
-        st = _forward(cell[0], args_ref, raw_stream(dev_index) if on_cuda else None)
-        if st:
-            layer._check(st)
-        return y
 
-    return call
+def experts_kernel(layer_id, hidden_states, topk_weights, topk_ids, is_padding=None):
+    """y [T, H] bf16 = the experts of layer `layer_id` on hidden_states [T, H] bf16, topk_weights [T, K]
+    float32, topk_ids [T, K] int32 (global expert ids, -1 = empty slot), is_padding [T] bool or None.
+    The op's kernel, and MegaMoEExperts' eager path (called directly, past the dispatcher).
+
+    It checks what the C library cannot see (dtype, device, shape, contiguity; one expression of tensor
+    attributes, the messages built only on the slow path), allocates y (contiguous) and calls
+    megamoe_layer_forward. The C library checks the rest (a finalized layer, T against the layer's
+    maximum, ids and routing weights on the CPU, 16-byte alignment of x and y on the GPU); when it
+    refuses a forward, _refused raises naming the argument where the inputs show the cause, with the
+    layer's message otherwise."""
+    x, w, ids, pad = hidden_states, topk_weights, topk_ids, is_padding
+    try:
+        layer, H, K, dev, cell, args, args_ref, empty, row, krow = _layers[layer_id]
+    except KeyError:
+        lookup(layer_id)  # raises ClosedError
+    try:
+        T, h = x.shape
+        TK = (T, K)
+        ok = (x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32 and h == H
+              and x.get_device() == w.get_device() == ids.get_device() == dev and x.is_contiguous()
+              and _size_stride(w, TK, krow) and _size_stride(ids, TK, krow) and (T or w.shape == ids.shape == TK)
+              and (pad is None or (pad.dtype in _PAD_DTYPES and pad.shape == (T,) and pad.get_device() == dev
+                                   and pad.is_contiguous())))
+    except (AttributeError, TypeError, ValueError, AssertionError):
+        ok = False
+    if not ok:
+        _validate_slow(layer, x, w, ids, pad)
+        T = x.shape[0]
+    y = empty((T, H), row, _BF16)
+    if dev >= 0 and y.get_device() != dev:  # empty allocates on the current CUDA device
+        y = torch.empty((T, H), dtype=_BF16, device=x.device)
+    _pack(args, 0, T, x.data_ptr(), ids.data_ptr(), w.data_ptr(), 0 if pad is None else pad.data_ptr(), y.data_ptr())
+    st = _forward(cell[0], args_ref, _raw_stream(dev) if dev >= 0 else None)
+    if st:
+        _refused(layer, st, x, w, ids, pad)
+    return y
+
+
+def _refused(layer, status, x, w, ids, pad):
+    """Raises for a forward the C library refused: ClosedError for a closed layer, the argument and
+    value where the inputs show the cause (an unaligned hidden_states on the GPU), else the layer's
+    message."""
+    if layer.closed:
+        layer._h()  # raises ClosedError with the reason
+    _validate_slow(layer, x, w, ids, pad)
+    layer._check(status)
 
 
 def _check_tensor(layer, what, t, dtypes, shape, device):
@@ -143,7 +217,7 @@ def _check_tensor(layer, what, t, dtypes, shape, device):
 
 def _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding):
     """Raises megamoe.InvalidArgumentError (or ClosedError) naming the argument and value that the fast
-    check of _layer_call refused."""
+    check of experts_kernel refused."""
     if layer.closed:
         layer._h()  # raises ClosedError with the reason
     device = _layer_device(layer)
@@ -163,31 +237,66 @@ def _validate_slow(layer, hidden_states, topk_weights, topk_ids, is_padding):
             "aligned", 1)
 
 
+# ---- eager calls past the dispatcher --------------------------------------------------------------
+
+def _tls_check(name, sub=None):
+    f = getattr(torch._C if sub is None else getattr(torch._C, sub, None), name, None)
+    return f if f is not None else (lambda: True)  # a torch without it: never past the dispatcher
+
+
+_Tensor, _grad_enabled, _is_compiling = torch.Tensor, torch.is_grad_enabled, torch.compiler.is_compiling
+_dispatch_modes = _tls_check("_len_torch_dispatch_stack")  # TorchDispatchModes (FakeTensorMode, make_fx, ...)
+_function_modes = _tls_check("_is_torch_function_mode_enabled")  # TorchFunctionModes
+_functorch = _tls_check("_are_functorch_transforms_active")  # vmap, grad, functionalize
+_profiling = _tls_check("_profiler_enabled", "_autograd")  # the profiler records ops in the dispatcher
+_jit_tracing = getattr(torch._C, "_get_tracing_state", lambda: True)  # torch.jit.trace records them there
+
+
+def plain_eager(hidden_states, topk_weights, topk_ids):
+    """Whether a call on these tensors may run the kernel directly, past PyTorch's dispatcher (whose
+    crossing into a Python kernel costs more host time than the kernel's own checks): plain tensors, no
+    gradient to record, and nothing that watches the dispatcher's ops (torch.compile and export tracing,
+    torch function and dispatch modes, functorch transforms, the profiler, torch.jit.trace). Everything
+    else takes the op, so autograd, fake tensors and tracing see it as before."""
+    return (not _is_compiling()  # first: dynamo, tracing this, takes it as a constant and reads no further
+            and type(hidden_states) is _Tensor and type(topk_weights) is _Tensor and type(topk_ids) is _Tensor
+            and not (_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad))
+            and not _dispatch_modes() and not _function_modes() and not _functorch() and not _profiling()
+            and _jit_tracing() is None)
+
+
 # ---- the op --------------------------------------------------------------------------------------
 
 _lib = torch.library.Library("megamoe", "DEF")
 _lib.define("experts(SymInt layer_id, Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, "
             "Tensor? is_padding=None) -> Tensor")
-
-
-def _experts_kernel(layer_id, hidden_states, topk_weights, topk_ids, is_padding=None):
-    """y [T, H] bf16 = the experts of layer `layer_id` on hidden_states [T, H] bf16, topk_weights [T, K]
-    float32, topk_ids [T, K] int32 (global expert ids, -1 = empty slot), is_padding [T] bool or None."""
-    try:
-        call = _calls[layer_id]
-    except KeyError:
-        lookup(layer_id)  # raises ClosedError
-    return call(hidden_states, topk_weights, topk_ids, is_padding)
-
-
-_lib.impl("experts", _experts_kernel, "CPU")
-_lib.impl("experts", _experts_kernel, "CUDA")
+_lib.impl("experts", experts_kernel, "CPU")
+_lib.impl("experts", experts_kernel, "CUDA")
 
 
 @torch.library.register_fake("megamoe::experts", lib=_lib)
 def _experts_fake(layer_id, hidden_states, topk_weights, topk_ids, is_padding=None):
     torch._check(hidden_states.dim() == 2, lambda: "megamoe.experts: hidden_states must be [T, H]")
-    return _new_y(hidden_states)
+    return hidden_states.new_empty(hidden_states.shape, dtype=_BF16)  # contiguous [T, H], as the kernel's y
 
 
+_packet_call = torch._ops.OpOverloadPacket.__call__
+
+
+class _EagerPacket(torch._ops.OpOverloadPacket):
+    """torch.ops.megamoe.experts: eager calls on plain tensors (plain_eager) run the op's kernel directly,
+    with the same checks, C call and errors; every other call goes through PyTorch's dispatcher as an
+    OpOverloadPacket's does (dynamo and export trace the op without calling this)."""
+
+    def __call__(self, /, *args, **kwargs):
+        if not kwargs and 4 <= len(args) <= 5 and plain_eager(args[1], args[2], args[3]):
+            return experts_kernel(*args)
+        return _packet_call(self, *args, **kwargs)
+
+
+if type(torch.ops.megamoe.experts) is torch._ops.OpOverloadPacket:
+    try:
+        torch.ops.megamoe.experts.__class__ = _EagerPacket
+    except TypeError:  # a torch whose packet's layout forbids it: every call takes the dispatcher
+        pass
 experts = torch.ops.megamoe.experts
