@@ -73,14 +73,25 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def host_us(fns, device, calls, rounds, clock, stat):
+def host_us(fns, device, calls, rounds, clock, stat, idle=False):
     """Host microseconds per call of each fn: per round, `calls` calls of each fn in turn, enqueued back
-    to back after a synchronization. stat "median": the rounds' medians, and the median per-round
-    difference of each fn to the first; "min": the fastest round of each, and their differences."""
+    to back after a synchronization (idle: each call timed alone after its own synchronization, so that
+    every launch finds the GPU idle and no backlog of launches builds where the GPU's time per forward
+    exceeds the host's). stat "median": the rounds' medians, and the median per-round difference of each
+    fn to the first; "min": the fastest round of each, and their differences."""
     per = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):
             sync(device)
+            if idle:
+                total = 0.0
+                for _ in range(calls):
+                    sync(device)
+                    t0 = clock()
+                    fn()
+                    total += clock() - t0
+                per[i].append(total / calls * 1e6)
+                continue
             t0 = clock()
             for _ in range(calls):
                 fn()
@@ -139,6 +150,9 @@ def main():
     ap.add_argument("--stat", choices=["median", "min"],
                     help="median of the rounds (the default on CUDA) or the fastest round (the default on the "
                          "CPU: the round least disturbed by other processes)")
+    ap.add_argument("--idle", action="store_true",
+                    help="time each call alone after a synchronization (the GPU idle at every launch) instead "
+                         "of enqueuing a round's calls back to back")
     a = ap.parse_args()
     dev = a.device
     for k, v in DEFAULTS[dev].items():
@@ -155,7 +169,7 @@ def main():
         torch.set_num_threads(1)
     where = torch.cuda.get_device_name() if dev == "cuda" else "CPU backend (host time only)"
     print(f"megamoe {megamoe.__version__}, torch {torch.__version__}, {where}; E={E} K={K} H={H} I={I} {a.format}; "
-          f"{clock_name} clock, {stat} of {rounds} rounds of {calls} calls")
+          f"{clock_name} clock, {stat} of {rounds} rounds of {calls} calls{', each after a synchronization' if a.idle else ''}")
     m = random_module(E, K, H, I, max(max(tokens), 1), a.format, dev)
     handle, key = m._layer._handle, m._layer_id
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream if dev == "cuda" else None)
@@ -175,7 +189,7 @@ def main():
 
         (c_us, op_us, mod_us, _), (_, op_c, mod_c, mod32_c) = host_us(
             [c_call, lambda: op(key, x, w, ids32, None), lambda: m(x, w, ids), lambda: m(x, w, ids32)], dev, calls,
-            rounds, clock, stat)
+            rounds, clock, stat, a.idle)
         g_ms = f"{graph_ms(m, x, w, ids32):10.4f}" if dev == "cuda" else f"{'-':>10}"
         cli = ""
         if os.environ.get("MEGAMOE_CLI") and dev == "cuda":

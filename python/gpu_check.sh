@@ -33,6 +33,10 @@ python3 examples/transformers_swap.py --device cuda 2>&1 | tee "$OUTDIR/transfor
 python3 examples/transformers_swap.py --device cuda --model qwen3_moe --activations nvfp4 2>&1 | tee -a "$OUTDIR/transformers_swap.log"
 python3 examples/bench_op.py 2>&1 | tee "$OUTDIR/bench_op.log"
 python3 examples/bench_op.py --format bf16 --tokens 1,128 2>&1 | tee -a "$OUTDIR/bench_op.log"
+# Each call timed alone on an idle GPU: the rows where the GPU's time per forward exceeds the host's
+# (BF16 T = 1, NVFP4 T = 128) without the backlog of launches that builds within a back-to-back round.
+python3 examples/bench_op.py --idle --tokens 1,8,128 2>&1 | tee -a "$OUTDIR/bench_op.log"
+python3 examples/bench_op.py --idle --format bf16 --tokens 1,128 2>&1 | tee -a "$OUTDIR/bench_op.log"
 # The same Python on this host's CPU backend (T = 0): beside the development machine's figure in
 # docs/PYTHON.md, how much slower this host runs the binding's Python.
 python3 examples/bench_op.py --device cpu 2>&1 | tee -a "$OUTDIR/bench_op.log"

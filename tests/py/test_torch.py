@@ -562,9 +562,11 @@ def test_readme_python_section_runs(capsys):
     assert capsys.readouterr().out.strip().startswith("torch.Size([16, 256]) torch.bfloat16")
 
 
-def test_bench_op_runs_on_the_cpu():
+@pytest.mark.parametrize("idle", [[], ["--idle"]], ids=["back_to_back", "idle"])
+def test_bench_op_runs_on_the_cpu(idle):
     """examples/bench_op.py (the binding's benchmark, run on the GPU machine by python/gpu_check.sh) runs
-    on the CPU backend and prints a row of positive host times (C call, op, module) per token count."""
+    on the CPU backend and prints a row of positive host times (C call, op, module) per token count,
+    with its calls enqueued back to back or each timed alone (--idle)."""
     import os
     import subprocess
     import sys
@@ -574,7 +576,7 @@ def test_bench_op_runs_on_the_cpu():
     if os.environ.get("MEGAMOE_LIBRARY"):  # the package of this source tree, as torchutil imports it
         env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "python"), os.environ.get("PYTHONPATH", "")])
     p = subprocess.run([sys.executable, os.path.join(root, "examples", "bench_op.py"), "--device", "cpu",
-                        "--rounds", "2", "--calls", "20", "--tokens", "0,1"],
+                        "--rounds", "2", "--calls", "20", "--tokens", "0,1"] + idle,
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.splitlines()
