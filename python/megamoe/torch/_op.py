@@ -24,8 +24,7 @@ import torch
 import megamoe
 from megamoe import _capi
 
-_registry = {}  # key -> megamoe.Layer
-_layers = {}  # key -> what the kernel needs of the layer (_kernel_state)
+_layers = {}  # key -> what the kernel needs of the layer (_kernel_state; the layer first)
 _ids = itertools.count(1)
 _lock = threading.Lock()
 
@@ -39,7 +38,6 @@ def register(layer):
     state = _kernel_state(layer)
     with _lock:
         key = next(_ids)
-        _registry[key] = layer
         _layers[key] = state
     return key
 
@@ -47,17 +45,16 @@ def register(layer):
 def unregister(key):
     """Drops the registry's reference (and closes the layer, which nothing else may use after this)."""
     with _lock:
-        layer = _registry.pop(key, None)
-        _layers.pop(key, None)
-    if layer is not None:
-        layer.close()
+        state = _layers.pop(key, None)
+    if state is not None:
+        state[0].close()
 
 
 def lookup(key):
-    layer = _registry.get(int(key))
-    if layer is None:
+    state = _layers.get(int(key))
+    if state is None:
         raise megamoe.ClosedError(f"megamoe.experts: no layer with id {key} (its module was deleted or closed)", 1)
-    return layer
+    return state[0]
 
 
 def _layer_device(layer):
@@ -192,9 +189,7 @@ def experts_kernel(layer_id, hidden_states, topk_weights, topk_ids, is_padding=N
 def _refused(layer, status, x, w, ids, pad):
     """Raises for a forward the C library refused: ClosedError for a closed layer, the argument and
     value where the inputs show the cause (an unaligned hidden_states on the GPU), else the layer's
-    message."""
-    if layer.closed:
-        layer._h()  # raises ClosedError with the reason
+    message (_validate_slow raises ClosedError first for a closed layer)."""
     _validate_slow(layer, x, w, ids, pad)
     layer._check(status)
 
