@@ -306,8 +306,13 @@ static void test_grid_small(void **state) {
          * slots per home rank, the last partial); and 600 rows on one expert through it. */
         {16, 8, 256, 256, 1100, 1100, 0, 0},
         {8, 8, 256, 256, 600, 600, 1, 0},
+        /* A split of an odd number of K steps: the gate/up projection's 36 steps (H = 2304) in 4
+         * splits of 9 on the streaming kernel, whose per-slot ring holds two steps a slot, so each
+         * split ends on a half-used slot. */
+        {8, 2, 2304, 256, 1, 1, 0, 0},
     };
     assert_true(plan_stream_more_blocks(48 * 4, 256, 256, 2 * 256 / 128, 256 / 64, MM_PLAN_SMS));
+    assert_int_equal(plan_stream_splits(2, 8, 2 * 256 / 128, 2304 / 64), 4);
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);
@@ -315,7 +320,11 @@ static void test_grid_small(void **state) {
 
 static void test_grid_large(void **state) {
     (void)state;
-    const grid_case cases[] = {{8, 8, 7168, 2048, 20, 20, 0, 0}, {16, 4, 2048, 768, 300, 300, 0, 0}};
+    /* The third: one token on 5 experts splits the gate/up projection's 112 K steps 3 ways (37, 37,
+     * 38) on the streaming kernel's unrolled loop, two of them ending on a half-used ring slot. */
+    const grid_case cases[] = {
+        {8, 8, 7168, 2048, 20, 20, 0, 0}, {16, 4, 2048, 768, 300, 300, 0, 0}, {8, 5, 7168, 2048, 1, 1, 0, 0}};
+    assert_int_equal(plan_stream_splits(5, 8, 2 * 2048 / 128, 7168 / 64), 3);
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case((megamoe_weight_format)f, &cases[i], k_ranks, 2);

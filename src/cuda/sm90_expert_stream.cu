@@ -2,12 +2,14 @@
  * sm90_expert_stream.cu -- the two NVFP4 expert GEMMs when the experts have few tokens (decode),
  * where the forward is bound by streaming the weights from HBM. A persistent grid (4 blocks per SM)
  * walks work items (rank, token tile, 128-row slab, K split); in each block
- *   - one producer warp issues, per K step, one bulk copy (cp.async.bulk, TMA 1D) of the slab's
- *     4096 B of codes, one of its 512 B of scales (each one contiguous run of the kernel layout,
- *     weight_layout.h) and one of 128 B per token of the activations, into a ring of 8 slots
- *     completed by mbarriers; the ring runs on across items, so it never drains;
- *   - four consumer warps (32 rows each, as in sm90_expert_mma.cu) wait on a slot, copy it into
- *     registers, release it, decode and issue mma.sync m16n8k16; no block barrier anywhere.
+ *   - one producer warp issues, per ring slot of two K steps, one bulk copy (cp.async.bulk, TMA 1D)
+ *     of the slab's 8192 B of codes, one of its 1024 B of scales (each one contiguous run of the
+ *     kernel layout, weight_layout.h) and one of 256 B per token of the activations, into a ring of
+ *     4 slots (8 K steps) completed by mbarriers; the ring runs on across items, so it never drains;
+ *   - four consumer warps (32 rows each, as in sm90_expert_mma.cu) wait on a slot, copy a step
+ *     into registers, decode it and issue mma.sync m16n8k16, then the slot's second step, releasing
+ *     the slot once its last step is read; no block barrier anywhere.
+ * (The grouped layout and the instantiation with a block per SM more keep one K step per slot.)
  * A token tile of the routing (64 tokens) is taken 16 tokens at a time ("chunks"; decode tiles
  * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
  * a header (steps, tokens, rows, expert, slab, split) and per token its slot code and scale in the
@@ -46,19 +48,23 @@
 #define ST_COLS 16                   /* tokens per chunk */
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
-#define ST_XROW 144                  /* 128 B of a token's K step + 16 B: its slot code and scale */
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (4 beats 1 at 8-128 tokens, DECISIONS) */
-#define ST_STAGES 8                  /* ring slots */
+#define ST_STAGES 8                  /* K steps the ring holds */
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
-#define ST_STAGES_MORE 6 /* ring slots of the instantiation with one block per SM more (plan_stream_more_blocks) */
+#define ST_STAGES_MORE 6 /* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
+#define ST_PAIR 2 /* per-slot layout: K steps per ring slot (one bulk copy each of codes, scales, token row) */
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG neighbouring ring slots) */
 #define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per step (a group's copy
                           * waits for the slot of its last step: ST_XG - 1 steps less lookahead) */
 
 /* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35):
- * - per-slot (XG false): a slot holds its step's weights and, per token, a row of 128 B of the
- *   token's K step and 16 B of padding with the token's slot code and scale;
+ * - per-slot (XG false): a slot holds ST_PAIR K steps (`steps`): their weights (the steps' codes,
+ *   then their scales: each one contiguous run of the kernel layout, so one bulk copy each) and, per
+ *   token, a row of the token's ST_PAIR steps (128 B each) and 16 B of padding with the token's
+ *   slot code and scale. A chunk of an odd number of K steps leaves its last slot half used. Two
+ *   steps per slot halve the bulk copies, barrier waits and releases per byte (work per copy rather
+ *   than bytes is the likeliest bound of a one-step slot: docs/CUDA_BACKEND.md);
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
  *   live in one region, a token's row holding its K step of every slot (slot s at s * 128), so one
  *   bulk copy per token brings ST_XG steps. Faster from ~4 tokens per expert, slower at ~1 (the
@@ -66,24 +72,29 @@
 template <bool XG, int B = ST_BLOCKS_PER_SM>
 struct st_lay {
     static constexpr bool grouped = XG;
-    static constexpr int stages = B > ST_BLOCKS_PER_SM ? ST_STAGES_MORE : ST_STAGES;
+    static constexpr int steps = XG || B > ST_BLOCKS_PER_SM ? 1 : ST_PAIR; /* K steps per slot */
+    static constexpr int stages = (B > ST_BLOCKS_PER_SM ? ST_STAGES_MORE : ST_STAGES) / steps; /* slots */
+    static constexpr int wbytes = steps * (ST_CODES + ST_SCALES); /* a slot's weights: codes, then scales */
     static constexpr int gxrow = stages * 128 + 16; /* grouped layout: a token's row, its K step of every slot */
-    static constexpr int slot = ST_CODES + ST_SCALES + (XG ? ST_COLS * 8 : ST_COLS * ST_XROW);
-    static constexpr int xrow = XG ? gxrow : ST_XROW;
+    static constexpr int pxrow = steps * 128 + 16;  /* per-slot layout: a token's row, its steps and 16 B */
+    static constexpr int slot = wbytes + (XG ? ST_COLS * 8 : ST_COLS * pxrow);
+    static constexpr int xrow = XG ? gxrow : pxrow;
     static constexpr int smem = stages * slot + (XG ? ST_COLS * gxrow : 0);
     static constexpr int group = XG ? ST_XG : 1;
     static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
     static_assert(slot % 128 == 0 && stages % group == 0, "aligned slots, whole groups");
-    /* 2048 B of static shared memory (cuobjdump: 2048, 1920 in the 5-block instantiation) and the
-     * 1 KB the system reserves per block; the 4-block per-slot ring meets 228 KB exactly. */
+    /* At most 2048 B of static shared memory (ptxas: 768-1280) and the 1 KB the system reserves per
+     * block; the 4-block rings leave 3-4 KB of an SM's 228 KB. */
     static_assert(B * (smem + 2048 + 1024) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
-    /* The weights of a slot; its token rows (token t's at + t * xrow); token t's code and scale. */
+    /* The weights of a slot (step j's codes at + j * ST_CODES, its scales at + sf(j)); its token rows
+     * (token t's at + t * xrow, step j's 128 B at + j * 128); token t's code and scale. */
     static __device__ __forceinline__ uint8_t *w(uint8_t *ring, int s) { return ring + s * slot; }
+    static constexpr int sf(int j) { return steps * ST_CODES + j * ST_SCALES; }
     static __device__ __forceinline__ uint8_t *x(uint8_t *ring, int s) {
-        return XG ? ring + stages * slot + s * 128 : ring + s * slot + ST_CODES + ST_SCALES;
+        return XG ? ring + stages * slot + s * 128 : ring + s * slot + wbytes;
     }
     static __device__ __forceinline__ uint8_t *meta(uint8_t *ring, int s, int t) {
-        return ring + s * slot + ST_CODES + ST_SCALES + (XG ? t * 8 : t * ST_XROW + 128);
+        return ring + s * slot + wbytes + (XG ? t * 8 : t * pxrow + steps * 128);
     }
 };
 
@@ -173,8 +184,9 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 xsrc = PHASE == PHASE_DOWN ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
                                            : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
             }
-            for (int kc = kc0; kc < kc1; kc++, n++) {
+            for (int kc = kc0; kc < kc1; kc += lay::steps, n++) {
                 const int slot = n % S;
+                const int ks = lay::steps == 1 ? 1 : min(lay::steps, kc1 - kc); /* K steps in this slot */
                 /* Grouped layout: the token rows of a group of ST_XG slots come in one copy per token,
                  * issued with the group's first step (or the chunk's first, mid-group) for the steps
                  * up to the group's end or the chunk's; their bytes complete on this step's barrier,
@@ -185,7 +197,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 wait_free(n);
                 if (xsteps > 1) wait_free(n + xsteps - 1);
                 uint8_t *dst = lay::w(ring, slot);
-                const uint32_t bytes = ST_CODES + ST_SCALES + nc * 128 * xsteps;
+                const uint32_t bytes = ks * (ST_CODES + ST_SCALES) + nc * 128 * (XG ? xsteps : ks);
                 if (kc == kc0) {
                     if (lane < ST_COLS) {
                         *(int *)lay::meta(ring, slot, lane) = code;
@@ -197,13 +209,14 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 }
                 if (lane == 0) {
                     mm_mbar_expect_tx(&full[slot], bytes);
-                    mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ST_CODES, &full[slot]);
-                    mm_bulk_copy(dst + ST_CODES, sfs + (size_t)kc * ST_SCALES, ST_SCALES, &full[slot]);
+                    mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ks * ST_CODES, &full[slot]);
+                    mm_bulk_copy(dst + lay::sf(0), sfs + (size_t)kc * ST_SCALES, ks * ST_SCALES, &full[slot]);
                 }
                 if (n == 0) st_wait_for_inputs<PHASE>(); /* the token rows are the previous kernel's output */
                 __syncwarp(); /* expect_tx before any completion */
                 if (lane < nc && xsteps > 0)
-                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
+                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * (XG ? xsteps : ks),
+                                 &full[slot]);
             }
         }
     }
@@ -283,8 +296,52 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
     }
 }
 
+/* K step j of a landed ring slot into one consumer warp's accumulators: the warp's two groups'
+ * codes and scales and the chunk's token rows into registers (then, after the slot's last step is
+ * read, `release`, the warp releases the slot), then decode and mma.sync, k16 steps in order. */
+template <class lay, int NT>
+__device__ __forceinline__ void st_slot_step(float (&acc)[GROUPS_PER_WARP][NT * 4], uint8_t *ring, uint64_t *empty,
+                                             int slot, int j, bool release) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    const uint8_t *src = lay::w(ring, slot);
+    a_raw<true> w[GROUPS_PER_WARP];
+#pragma unroll
+    for (int q = 0; q < GROUPS_PER_WARP; q++) { /* the warp's groups 2 warp + q of the slab */
+        w[q].w[0] = *(const uint4 *)(src + j * ST_CODES + (GROUPS_PER_WARP * warp + q) * 512 + lane * 16);
+        w[q].sf = *(const uint2 *)(src + lay::sf(j) + (GROUPS_PER_WARP * warp + q) * 64 + g * 8);
+    }
+    uint32_t b[4][NT][2];
+    /* Two ldmatrix.x4 per n-tile instead of eight 32-bit loads: matrix i is k 8i..8i+7 of the
+     * step for the n-tile's 8 tokens (lane l gives row l & 7 of matrix l >> 3, + 4 in the second),
+     * and thread (g, c) receives token g's k 8i + 2c, 8i + 2c + 1 -- b[i / 2][nt][i % 2]. Rows past
+     * the chunk's tokens hold stale bytes whose products land in columns the epilogue never stores. */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const uint8_t *row = lay::x(ring, slot) + (nt * 8 + (lane & 7)) * lay::xrow + j * 128 + 16 * ((lane >> 3) + 4 * hh);
+            ldmatrix_x4(b[2 * hh][nt][0], b[2 * hh][nt][1], b[2 * hh + 1][nt][0], b[2 * hh + 1][nt][1],
+                        (uint32_t)__cvta_generic_to_shared(row));
+        }
+    if (release) {
+        __syncwarp();
+        if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++) {
+            uint32_t a[4];
+            decode_a<true>(w[q], s, a);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma_m16n8k16<false>(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
+        }
+}
+
 /* One consumer warp's K steps of one chunk of NT n-tiles (8 tokens each), then split-K and the
- * epilogue. n: the block's step count, advanced past the chunk. */
+ * epilogue. n: the block's slot count, advanced past the chunk's slots (lay::steps K steps each; a
+ * chunk of an odd number of steps ends on a half-used slot). The K steps are added in order, one
+ * after the other, whatever the slots: the sums are those of one step per slot. */
 template <int PHASE, class lay, int NT, int U>
 __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
                                                  uint8_t *const *peers, const mm_dev_weights *weights,
@@ -292,46 +349,25 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
                                                  uint64_t *full, uint64_t *empty, int *col_code,
                                                  float *col_scale, int &n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    constexpr int P = lay::steps, UR = U / P > 0 ? U / P : 1; /* slots per unrolled iteration */
     float acc[GROUPS_PER_WARP][NT * 4];
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
         for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
-#pragma unroll(U)
-    for (int step = 0; step < h.steps; step++, n++) {
+    const int full_slots = h.steps / P;
+#pragma unroll(UR)
+    for (int f = 0; f < full_slots; f++, n++) {
         const int slot = n % lay::stages;
         mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
-        const uint8_t *src = lay::w(ring, slot);
-        a_raw<true> w[GROUPS_PER_WARP];
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) { /* the warp's groups 2 warp + q of the slab */
-            w[q].w[0] = *(const uint4 *)(src + (GROUPS_PER_WARP * warp + q) * 512 + lane * 16);
-            w[q].sf = *(const uint2 *)(src + ST_CODES + (GROUPS_PER_WARP * warp + q) * 64 + g * 8);
-        }
-        uint32_t b[4][NT][2];
-        /* Two ldmatrix.x4 per n-tile instead of eight 32-bit loads: matrix j is k 8j..8j+7 of the
-         * step for the n-tile's 8 tokens (lane l gives row l & 7 of matrix l >> 3, + 4 in the second),
-         * and thread (g, c) receives token g's k 8j + 2c, 8j + 2c + 1 -- b[j / 2][nt][j % 2], the
-         * registers of the loads below. Rows past the chunk's tokens: as below. */
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const uint8_t *row = lay::x(ring, slot) + (nt * 8 + (lane & 7)) * lay::xrow + 16 * ((lane >> 3) + 4 * hh);
-                ldmatrix_x4(b[2 * hh][nt][0], b[2 * hh][nt][1], b[2 * hh + 1][nt][0], b[2 * hh + 1][nt][1],
-                            (uint32_t)__cvta_generic_to_shared(row));
-            }
-        __syncwarp();
-        if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
-#pragma unroll
-        for (int s = 0; s < 4; s++)
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                uint32_t a[4];
-                decode_a<true>(w[q], s, a);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma_m16n8k16<false>(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
-            }
+        for (int j = 0; j < P; j++) st_slot_step<lay, NT>(acc, ring, empty, slot, j, j == P - 1);
+    }
+    if (P > 1 && h.steps % P != 0) { /* the chunk's last step alone in its slot */
+        const int slot = n % lay::stages;
+        mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
+        st_slot_step<lay, NT>(acc, ring, empty, slot, 0, true);
+        n++;
     }
 
     uint8_t *mine = peers[sh.first_rank + h.r];
@@ -500,9 +536,9 @@ megamoe_status sm90_expert_stream_prepare() {
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
             /* The split plan and the persistent grid count on blocks_per_sm resident blocks; the
-             * ring of 4 blocks fills the H200's 228 KB to the byte (dynamic + static + the 1 KB the
-             * system reserves per block), so a few bytes more of static shared memory would leave
-             * a quarter of the grid waiting for a second wave. Caught here, not in a benchmark. */
+             * rings of 4 blocks leave 3-4 KB of the H200's 228 KB (dynamic + static + the 1 KB the
+             * system reserves per block), so a little more static shared memory would leave a
+             * quarter of the grid waiting for a second wave. Caught here, not in a benchmark. */
             int resident = 0;
             MM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, ST_THREADS, v.smem));
             if (resident < v.blocks_per_sm)

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# dev/stream_bw/check.sh -- the device call for the streaming kernel's two K steps per ring slot
+# (docs/CUDA_BACKEND.md, "The streaming kernel's share of copy bandwidth at decode"): is it correct,
+# is y byte for byte what the one-step kernel gives, is it faster, and what bounds it now.
+#   here:   bash dev/stream_bw/check.sh stage [BASE]
+#             bench/device/stage.sh (this tree's binaries, packed into .devbin), then BASE's `megamoe`
+#             (default act-f16, the one-step kernel) built from `git archive` and packed as
+#             .devbin/rev-a/megamoe.xz; carry .devbin (~13 MB)
+#   there:  bash dev/stream_bw/check.sh [PART ...]
+#             (default: gate bitwise compare ncu test_gpu_auto test_gpu_stream sanitize and the other
+#             test_gpu modes last: they force kernels other than the one this branch changes)
+#     gate      MEGAMOE_GEMM=stream test_gpu --quick; when it fails nothing else runs
+#     bitwise   y of `megamoe run --backend cuda` from A (BASE) and B (this tree) compared byte for
+#               byte, both activation modes, on random NVFP4 layers made there (make_case.py):
+#               E 16 K 4 H 2304 I 1024 at T = 1 (gate/up in 4 splits of 9 K steps: half-used last
+#               slots on the rolled loop), 8 (per-slot layout, unrolled) and 32 (grouped layout), and
+#               E 8 K 5 H 7168 I 2048 at T = 1 (3 splits of 37 / 37 / 38 on the unrolled loop)
+#     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32,
+#               bf16 and nvfp4 activations, A and B alternating per shape, ROUNDS (default 1) rounds
+#     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1):
+#               SourceCounters (stall reasons per SASS line), WarpStateStats, MemoryWorkloadAnalysis,
+#               SpeedOfLight (SM frequency, DRAM throughput), ComputeWorkloadAnalysis (pipe use),
+#               exported as text: --page details and --page source --print-source sass --csv
+#     tests     test_gpu in every kernel mode (KERNEL_MODES), one at a time
+#     sanitize  compute-sanitizer memcheck, racecheck (the streaming and ws kernels excluded, as in
+#               bench/device/check.sh), synccheck, initcheck over test_gpu --quick, kernels chosen
+#               per forward, one at a time
+#     (tests and sanitize stand for their steps, which can be named one by one: test_gpu_ws, memcheck)
+# Each step runs under what is left of BUDGET_S (default 570 s, one 10-minute call): "NOT RUN (time)"
+# when its usual length does not fit, "NOT FINISHED (time)" when stopped at the budget. The default
+# parts take ~650 s, so expect the last steps left out; the last line names them for a second call.
+# Logs under $OUT/stream_bw (OUT default device-out). Exit 0 only when every step ran and passed.
+set -uo pipefail
+self=$(realpath "$0")
+cd "$(dirname "$self")/../.."
+
+if [ "${1:-}" = stage ]; then
+  set -e
+  base=${2:-act-f16}
+  bash bench/device/stage.sh
+  src=build-revs/a/src
+  rm -rf build-revs/a && mkdir -p "$src"
+  git archive "$base" | tar -x -C "$src"
+  cmake -S "$src" -B build-revs/a/build -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
+  cmake --build build-revs/a/build -j "$(nproc)" --target megamoe >/dev/null
+  mkdir -p .devbin/rev-a
+  xz -T2 -1 -c build-revs/a/build/megamoe > .devbin/rev-a/megamoe.xz
+  echo "$base $(git rev-parse --short "$base")" > .devbin/rev-a/REV
+  du -sh .devbin
+  exit 0
+fi
+
+OUT=${OUT:-device-out}
+L=$OUT/stream_bw
+mkdir -p "$L"
+. bench/device/env.sh # unpacks .devbin/bins.tar.xz, the loader path, KERNEL_MODES, RACECHECK_EXCLUDE
+B=.devbin
+
+# The two builds as compare_revs.sh expects them: A from the packed BASE, B from this staging.
+prepare_revs() {
+  mkdir -p $B/rev-b && cp $B/megamoe $B/rev-b/ && echo "this tree $(cat $B/COMMIT)" > $B/rev-b/REV
+  if [ ! -x $B/rev-a/megamoe ] && [ -f $B/rev-a/megamoe.xz ]; then
+    xz -dc $B/rev-a/megamoe.xz > $B/rev-a/megamoe && chmod +x $B/rev-a/megamoe
+  fi
+  [ -x $B/rev-a/megamoe ]
+}
+
+# Internal parts, run under `timeout` by the steps below.
+case ${1:-} in
+_bitwise)
+  python3 -c 'import numpy' || { echo "bitwise: no numpy here"; exit 3; }
+  fail=0
+  for c in "16 4 2304 1024:1 8 32" "8 5 7168 2048:1"; do
+    shape=${c%%:*} Ts=${c#*:}
+    dir=$L/case_${shape// /_}
+    python3 dev/stream_bw/make_case.py "$dir" $shape $Ts || exit 3
+    for T in $Ts; do
+      for act in bf16 nvfp4; do
+        for side in a b; do
+          msg=$($B/rev-$side/megamoe run --backend cuda --activations $act --checkpoint "$dir/model.safetensors" \
+            --input "$dir/in_$T.safetensors" --output "$dir/y_${T}_${act}_$side.safetensors" 2>&1) || { echo "$msg"; exit 3; }
+        done
+        if cmp -s "$dir/y_${T}_${act}_a.safetensors" "$dir/y_${T}_${act}_b.safetensors"; then r=identical; else r=DIFFERENT; fail=1; fi
+        echo "E K H I = $shape, T = $T, $act activations: y $r"
+      done
+    done
+    rm -f "$dir"/*.safetensors
+  done
+  exit $fail
+  ;;
+_ncu)
+  for side in b ${NCU_A:+a}; do
+    rep=$L/ncu_$side
+    MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k regex:expert_stream -c 2 \
+      --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --import-source no -f -o "$rep" $B/rev-$side/megamoe bench --backend cuda --experts 256 --top-k 8 \
+      --hidden 7168 --inter 2048 --tokens 8 --iters 1 > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
+    ncu -i "$rep.ncu-rep" --page details > "${rep}_details.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > "${rep}_sass.csv" 2>&1
+    [ -n "${KEEP_REP:-}" ] || rm -f "$rep.ncu-rep"
+    grep -E "SM Frequency|DRAM Throughput|Duration|Issue Slots Busy|No Eligible" "${rep}_details.txt" | head -12
+  done
+  exit 0
+  ;;
+esac
+
+BUDGET_S=${BUDGET_S:-570}
+start=$(date +%s)
+fails=0 left_out=()
+now() { echo $(($(date +%s) - start)); }
+# step NAME USUAL_S COMMAND...: runs COMMAND (an executable, not a function) under the time left, or
+# says it does not fit; prints one line with the step's verdict and the lines that tell how it went.
+step() {
+  local name=$1 need=$2 left rc
+  shift 2
+  left=$((BUDGET_S - $(now)))
+  if [ "$left" -lt "$need" ]; then
+    echo "[$(now) s] $name: NOT RUN (time: $left s left, usually ~$need s)"
+    left_out+=("$name")
+    return 2
+  fi
+  timeout "$left" "$@" > "$L/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ]; then
+    echo "[$(now) s] $name: NOT FINISHED (time: stopped after $left s)"
+    left_out+=("$name")
+    return $rc
+  fi
+  [ $rc -eq 0 ] || fails=$((fails + 1))
+  echo "[$(now) s] $name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)") $(grep -E '^\[  (PASSED|FAILED)|(ERROR|RACECHECK) SUMMARY' "$L/$name.log" | grep -v 'not printed' | sed 's/^=* *//' | tr '\n' ' ')"
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$L/gpu.txt"
+# tests and sanitize stand for their steps, which can also be named one by one (test_gpu_ws, memcheck).
+parts=()
+for part in ${*:-gate bitwise compare ncu test_gpu_auto test_gpu_stream sanitize test_gpu_mma test_gpu_wgmma test_gpu_ws test_gpu_ws64}; do
+  case $part in
+  tests) for m in $KERNEL_MODES; do parts+=("test_gpu_$m"); done ;;
+  sanitize) parts+=(memcheck initcheck synccheck racecheck) ;;
+  *) parts+=("$part") ;;
+  esac
+done
+revs_ok=1
+prepare_revs || revs_ok=0
+for part in "${parts[@]}"; do
+  case $part in
+  gate)
+    step gate 40 env MEGAMOE_GEMM=stream $B/test_gpu --quick || { echo "gate failed: stopping (log $L/gate.log)"; exit 1; }
+    ;;
+  bitwise)
+    if [ $revs_ok = 1 ]; then
+      step bitwise 90 bash "$self" _bitwise
+      [ -f "$L/bitwise.log" ] && tail -12 "$L/bitwise.log"
+    else
+      echo "bitwise: NOT RUN (no .devbin/rev-a/megamoe: stage with this script)"
+      left_out+=(bitwise)
+    fi
+    ;;
+  compare)
+    if [ $revs_ok = 1 ]; then
+      step compare $((100 * ${ROUNDS:-1})) env OUT="$L" SHAPES_ONLY="256 8 7168 2048;8 2 4096 14336;128 8 2048 768" \
+        ACTIVATIONS="bf16 nvfp4" bash bench/device/compare_revs.sh bench 1,8,32 "${ROUNDS:-1}"
+      [ -f "$L/compare.log" ] && tail -14 "$L/compare.log"
+    else
+      echo "compare: NOT RUN (no .devbin/rev-a/megamoe: stage with this script)"
+      left_out+=(compare)
+    fi
+    ;;
+  ncu)
+    step ncu $((60 * (${NCU_A:+1} + 1))) bash "$self" _ncu
+    [ -f "$L/ncu.log" ] && cat "$L/ncu.log"
+    ;;
+  test_gpu_*)
+    step "$part" 50 env MEGAMOE_GEMM="${part#test_gpu_}" $B/test_gpu
+    ;;
+  memcheck | initcheck | synccheck | racecheck)
+    excl=()
+    [ $part = racecheck ] && excl=("${RACECHECK_EXCLUDE[@]}")
+    step "$part" 60 env MEGAMOE_GEMM=auto compute-sanitizer --tool $part --report-api-errors no --error-exitcode 9 \
+      ${excl[@]+"${excl[@]}"} $B/test_gpu --quick
+    ;;
+  *) echo "unknown part: $part" >&2; exit 2 ;;
+  esac
+done
+echo "[$(now) s] done: $fails failed$([ ${#left_out[@]} -gt 0 ] && echo "; not run or not finished: ${left_out[*]} (bash dev/stream_bw/check.sh ${left_out[*]})")"
+[ $fails -eq 0 ] && [ ${#left_out[@]} -eq 0 ]
