@@ -4,7 +4,7 @@
 # is y byte for byte what the one-step kernel gives, is it faster, and what bounds it now.
 #   here:   bash dev/stream_bw/check.sh stage [BASE]
 #             bench/device/stage.sh (this tree's binaries, packed into .devbin), then BASE's `megamoe`
-#             (default act-f16, the one-step kernel) built from `git archive` and packed as
+#             (default main: run it on a branch) built from `git archive` and packed as
 #             .devbin/rev-a/megamoe.xz; carry .devbin (~13 MB)
 #   there:  bash dev/stream_bw/check.sh [PART ...]
 #             (default: gate bitwise compare ncu test_gpu_auto test_gpu_stream sanitize and the other
@@ -36,7 +36,7 @@ cd "$(dirname "$self")/../.."
 
 if [ "${1:-}" = stage ]; then
   set -e
-  base=${2:-act-f16}
+  base=${2:-main}
   bash bench/device/stage.sh
   src=build-revs/a/src
   rm -rf build-revs/a && mkdir -p "$src"
