@@ -25,11 +25,14 @@
 #     sanitize  compute-sanitizer memcheck, racecheck (the streaming and ws kernels excluded, as in
 #               bench/device/check.sh), synccheck, initcheck over test_gpu --quick, kernels chosen
 #               per forward, one at a time
+#     test_graph the CUDA-graph replays bitwise equal to eager (tests includes it)
 #     (tests and sanitize stand for their steps, which can be named one by one: test_gpu_ws, memcheck)
 # Each step runs under what is left of BUDGET_S (default 570 s, one 10-minute call): "NOT RUN (time)"
 # when its usual length does not fit, "NOT FINISHED (time)" when stopped at the budget. The default
 # parts take ~650 s, so expect the last steps left out; the last line names them for a second call.
-# Logs under $OUT/stream_bw (OUT default device-out). Exit 0 only when every step ran and passed.
+# Logs under LOGS (default /tmp/stream_bw), packed after every step into $OUT/stream_bw.tgz (OUT default
+# device-out; a device call brings back at most 8 files, and a call stopped at its limit keeps the
+# steps before). Exit 0 only when every step ran and passed.
 set -uo pipefail
 self=$(realpath "$0")
 cd "$(dirname "$self")/../.."
@@ -51,8 +54,9 @@ if [ "${1:-}" = stage ]; then
 fi
 
 OUT=${OUT:-device-out}
-L=$OUT/stream_bw
-mkdir -p "$L"
+L=${LOGS:-/tmp/stream_bw}
+mkdir -p "$L" "$OUT"
+export LOGS=$L OUT # the internal parts below run as children of this script
 . bench/device/env.sh # unpacks .devbin/bins.tar.xz, the loader path, KERNEL_MODES, RACECHECK_EXCLUDE
 B=.devbin
 
@@ -122,6 +126,7 @@ step() {
   fi
   timeout "$left" "$@" > "$L/$name.log" 2>&1
   rc=$?
+  tar -czf "$OUT/stream_bw.tgz.tmp" -C "$L" . && mv "$OUT/stream_bw.tgz.tmp" "$OUT/stream_bw.tgz"
   if [ $rc -eq 124 ]; then
     echo "[$(now) s] $name: NOT FINISHED (time: stopped after $left s)"
     left_out+=("$name")
@@ -137,7 +142,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 parts=()
 for part in ${*:-gate bitwise compare ncu test_gpu_auto test_gpu_stream sanitize test_gpu_mma test_gpu_wgmma test_gpu_ws test_gpu_ws64}; do
   case $part in
-  tests) for m in $KERNEL_MODES; do parts+=("test_gpu_$m"); done ;;
+  tests) for m in $KERNEL_MODES; do parts+=("test_gpu_$m"); done; parts+=(test_graph) ;;
   sanitize) parts+=(memcheck initcheck synccheck racecheck) ;;
   *) parts+=("$part") ;;
   esac
@@ -171,6 +176,9 @@ for part in "${parts[@]}"; do
   ncu)
     step ncu $((60 * (${NCU_A:+1} + 1))) bash "$self" _ncu
     [ -f "$L/ncu.log" ] && cat "$L/ncu.log"
+    ;;
+  test_graph)
+    step test_graph 15 $B/test_graph
     ;;
   test_gpu_*)
     step "$part" 50 env MEGAMOE_GEMM="${part#test_gpu_}" $B/test_gpu
