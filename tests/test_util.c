@@ -12,8 +12,12 @@
 
 #include <cmocka.h>
 
+/* splitmix64: each draw advances the state by this, so the state k draws on is a jump of k of it. */
+#define TU_RNG_INCREMENT 0x9E3779B97F4A7C15ull
+#define TU_NORMAL_DRAWS 2 /* tu_normal's uniforms */
+
 uint64_t tu_next(tu_rng *r) {
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (r->state += TU_RNG_INCREMENT);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
@@ -42,21 +46,20 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-/* n bf16 values N(0, 1 / fan_in), the values n calls of tu_normal on r give in turn (two draws each):
- * splitmix64 is counter-based, so value i starts from r's state plus 2 i increments and the values
- * are drawn in parallel. Large BF16 models took ~10 s of one core each before (one test_gpu run
- * builds several per kernel mode). r ends where the n sequential calls leave it. */
+/* n bf16 values N(0, 1 / fan_in), the values n calls of tu_normal on r give in turn: value i starts
+ * TU_NORMAL_DRAWS * i draws after r's state, so the values are drawn in parallel (test_gpu builds
+ * DeepSeek-sized BF16 layers in every kernel mode). r ends where the n sequential calls leave it. */
 static void bf16_normal_fill(uint16_t *w, size_t n, tu_rng *r, size_t fan_in) {
-    const uint64_t s0 = r->state, step = 0x9E3779B97F4A7C15ull;
+    const uint64_t s0 = r->state;
     const double scale = sqrt((double)fan_in);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
     for (size_t i = 0; i < n; i++) {
-        tu_rng ri = {s0 + 2 * (uint64_t)i * step};
+        tu_rng ri = {s0 + TU_NORMAL_DRAWS * (uint64_t)i * TU_RNG_INCREMENT};
         w[i] = tu_bf16((float)(tu_normal(&ri) / scale));
     }
-    r->state = s0 + 2 * (uint64_t)n * step;
+    r->state = s0 + TU_NORMAL_DRAWS * (uint64_t)n * TU_RNG_INCREMENT;
 }
 
 void tu_model_random(tu_model *m, const megamoe_layer_config *cfg, int with_norm, uint64_t seed) {
