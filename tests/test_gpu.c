@@ -310,9 +310,16 @@ static void test_grid_small(void **state) {
          * splits of 9 on the streaming kernel, whose per-slot ring holds two steps a slot, so each
          * split ends on a half-used slot. */
         {8, 2, 2304, 256, 1, 1, 0, 0},
+        /* The same splits of 9 K steps in the grouped ring layout (34 slots on 8 experts: 4 or more
+         * per expert), every token on one expert: each split walks chunks of 16, 16 and 1-2 tokens
+         * (padding), so a chunk ends on a half-used slot, the next starts in the middle of a group
+         * of slots its token rows share, and the last copies its rows per slot (fewer than 3). */
+        {8, 1, 2304, 256, 34, 34, 1, 0},
     };
     assert_true(plan_stream_more_blocks(48 * 4, 256, 256, 2 * 256 / 128, 256 / 64, MM_PLAN_SMS));
     assert_int_equal(plan_stream_splits(2, 8, 2 * 256 / 128, 2304 / 64), 4);
+    assert_int_equal(plan_stream_variant(34, 8, 8, 2 * 256 / 128, 2304 / 64, MM_PLAN_SMS), STREAM_GROUPED);
+    assert_int_equal(plan_stream_splits(34, 8, 2 * 256 / 128, 2304 / 64), 4);
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);

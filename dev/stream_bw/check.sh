@@ -45,7 +45,7 @@ if [ "${1:-}" = stage ]; then
   rm -rf build-revs/a && mkdir -p "$src"
   git archive "$base" | tar -x -C "$src"
   cmake -S "$src" -B build-revs/a/build -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
-  cmake --build build-revs/a/build -j "$(nproc)" --target megamoe >/dev/null
+  cmake --build build-revs/a/build -j "$(nproc)" --target megamoe_cli >/dev/null
   mkdir -p .devbin/rev-a
   xz -T2 -1 -c build-revs/a/build/megamoe > .devbin/rev-a/megamoe.xz
   echo "$base $(git rev-parse --short "$base")" > .devbin/rev-a/REV

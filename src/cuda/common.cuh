@@ -156,12 +156,28 @@ const char *mm_cuda_last_message(void);
 /* Clears it, before a call whose failure message is read afterwards. */
 void mm_cuda_clear_message(void);
 
+/* v, opaque to the compiler's arithmetic (no instruction): what is computed from it stays computed from
+ * it, e.g. addresses kept in registers rather than recomputed, or a * 8 kept a multiply-add rather
+ * than rewritten into shifts and masks of what a came from. */
+__device__ __forceinline__ void mm_opaque(uint32_t &v) { asm("" : "+r"(v)); }
+
 /* One byte of two E2M1 codes -> an f16x2 of code * 2^-14 (low nibble in the low lane): sign to bit 15,
  * e1 e0 m to bits 11..9 of each lane. Exact; the 2^-14 returns in the GEMM epilogues. */
 __device__ __forceinline__ uint32_t e2m1x2_to_f16x2_biased(uint32_t byte) {
     const uint32_t lo = ((byte & 0x8u) << 12) | ((byte & 0x7u) << 9);
     const uint32_t hi = ((byte & 0x80u) << 24) | ((byte & 0x70u) << 21);
     return lo | hi;
+}
+
+/* E4M3 bytes 2h and 2h + 1 of w -> an f16x2 (cvt.rn.f16x2.e4m3x2, exact). The half is named in the
+ * PTX, so ptxas reads it in place (F2FP's .H1 operand) where a shift to the low half costs a SHF. */
+__device__ __forceinline__ __half2 e4m3x2_to_half2(uint32_t w, int h) {
+    uint32_t d;
+    if (h == 0)
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(d) : "r"(w));
+    else
+        asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(d) : "r"(w));
+    return *reinterpret_cast<const __half2 *>(&d);
 }
 
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {

@@ -9,16 +9,17 @@
  *   - four consumer warps (32 rows each, as in sm90_expert_mma.cu) wait on a slot, copy a step
  *     into registers, decode it and issue mma.sync m16n8k16, then the slot's second step, releasing
  *     the slot once its last step is read; no block barrier anywhere.
- * (The grouped layout and the instantiation with a block per SM more keep one K step per slot.)
+ * (The instantiation with a block per SM more keeps one K step per slot.)
  * A token tile of the routing (64 tokens) is taken 16 tokens at a time ("chunks"; decode tiles
  * rarely hold more). The producer decides the work and writes, with the first step of each chunk,
  * a header (steps, tokens, rows, expert, slab, split) and per token its slot code and scale in the
  * row's padding, so the consumers never wait for the routing tables. From 4 slots per expert the
- * kernel runs in a second layout (st_lay below) whose token rows hold several steps, so one copy
- * per token brings 4 K steps; a third instantiation runs 5 blocks per SM of 6 stages where a phase's
- * items would leave a short second round on 4 (plan_stream_more_blocks). At decode each block runs
- * its code once per forward, fetched cold after an L2 flush, so the epilogues are written compact
- * (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS 36).
+ * kernel runs in a second layout (st_lay below) whose token rows hold the steps of every slot, so
+ * one copy per token brings 4 K steps (two slots); a third instantiation runs 5 blocks per SM of 6
+ * stages where a phase's items would leave a short second round on 4 (plan_stream_more_blocks). At
+ * decode each block runs its code once per forward, fetched cold after an L2 flush, so the epilogues
+ * are written compact (gemm_epilogue's COMPACT form) and code on that path is kept short (DECISIONS
+ * 36).
  * Split-K: the plan (plan_stream_splits) depends on the group's slot count and the shape only and
  * makes at most about one item per resident block, so a split only happens when a phase has fewer
  * (tile, slab) pairs than blocks (few tokens on many weights: T = 1). Each consumer warp stores its
@@ -52,46 +53,48 @@
 #define ST_STAGES 8                  /* K steps the ring holds */
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
 #define ST_STAGES_MORE 6 /* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
-#define ST_PAIR 2 /* per-slot layout: K steps per ring slot (one bulk copy each of codes, scales, token row) */
+#define ST_PAIR 2 /* K steps per ring slot (one bulk copy each of codes and scales; per-slot layout: token row) */
 #define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
-#define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG neighbouring ring slots) */
-#define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per step (a group's copy
-                          * waits for the slot of its last step: ST_XG - 1 steps less lookahead) */
+#define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG / ST_PAIR neighbouring ring slots) */
+#define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per slot (a group's copy
+                          * waits for the slot of its last step: a slot less lookahead) */
 
-/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35):
- * - per-slot (XG false): a slot holds ST_PAIR K steps (`steps`): their weights (the steps' codes,
- *   then their scales: each one contiguous run of the kernel layout, so one bulk copy each) and, per
- *   token, a row of the token's ST_PAIR steps (128 B each) and 16 B of padding with the token's
- *   slot code and scale. A chunk of an odd number of K steps leaves its last slot half used. Two
- *   steps per slot halve the bulk copies, barrier waits and releases per byte (work per copy rather
- *   than bytes is the likeliest bound of a one-step slot: docs/CUDA_BACKEND.md);
+/* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35). In both a
+ * slot holds `steps` K steps (ST_PAIR; 1 in the instantiation with a block per SM more): their
+ * weights (the steps' codes, then their scales: each one contiguous run of the kernel layout, so one
+ * bulk copy each). A chunk of an odd number of K steps leaves its last slot half used. Two steps per
+ * slot halve the bulk copies, barrier waits and releases per byte (work per copy rather than bytes
+ * is the likeliest bound of a one-step slot: docs/CUDA_BACKEND.md).
+ * - per-slot (XG false): a slot holds, per token, a row of the token's ST_PAIR steps (128 B each)
+ *   and 16 B of padding with the token's slot code and scale;
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
- *   live in one region, a token's row holding its K step of every slot (slot s at s * 128), so one
- *   bulk copy per token brings ST_XG steps. Faster from ~4 tokens per expert, slower at ~1 (the
- *   layout, not the grouping, costs there): DECISIONS 89. */
+ *   live in one region, a token's row holding its steps of every slot (slot s at s * steps * 128),
+ *   so one bulk copy per token brings ST_XG steps, `group` slots. Faster from ~4 tokens per expert,
+ *   slower at ~1 (the layout, not the grouping, costs there): DECISIONS 89. */
 template <bool XG, int B = ST_BLOCKS_PER_SM>
 struct st_lay {
     static constexpr bool grouped = XG;
-    static constexpr int steps = XG || B > ST_BLOCKS_PER_SM ? 1 : ST_PAIR; /* K steps per slot */
+    static constexpr int blocks = B;
+    static constexpr int steps = B > ST_BLOCKS_PER_SM ? 1 : ST_PAIR; /* K steps per slot */
     static constexpr int stages = (B > ST_BLOCKS_PER_SM ? ST_STAGES_MORE : ST_STAGES) / steps; /* slots */
     static constexpr int wbytes = steps * (ST_CODES + ST_SCALES); /* a slot's weights: codes, then scales */
-    static constexpr int gxrow = stages * 128 + 16; /* grouped layout: a token's row, its K step of every slot */
-    static constexpr int pxrow = steps * 128 + 16;  /* per-slot layout: a token's row, its steps and 16 B */
+    static constexpr int gxrow = stages * steps * 128 + 16; /* grouped layout: a token's row, its steps of every slot */
+    static constexpr int pxrow = steps * 128 + 16; /* per-slot layout: a token's row, its steps and 16 B */
     static constexpr int slot = wbytes + (XG ? ST_COLS * 8 : ST_COLS * pxrow);
     static constexpr int xrow = XG ? gxrow : pxrow;
     static constexpr int smem = stages * slot + (XG ? ST_COLS * gxrow : 0);
-    static constexpr int group = XG ? ST_XG : 1;
+    static constexpr int group = XG ? ST_XG / steps : 1; /* slots per token-row copy */
     static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
-    static_assert(slot % 128 == 0 && stages % group == 0, "aligned slots, whole groups");
-    /* At most 2048 B of static shared memory (ptxas: 768-1280) and the 1 KB the system reserves per
-     * block; the 4-block rings leave 3-4 KB of an SM's 228 KB. */
+    static_assert(slot % 128 == 0 && stages % group == 0 && (!XG || ST_XG % steps == 0), "aligned slots, whole groups");
+    /* At most 2048 B of static shared memory (ptxas: 768-1152) and the 1 KB the system reserves per
+     * block; the 4-block rings leave 4-5 KB of an SM's 228 KB. */
     static_assert(B * (smem + 2048 + 1024) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
     /* The weights of a slot (step j's codes at + j * ST_CODES, its scales at + sf(j)); its token rows
      * (token t's at + t * xrow, step j's 128 B at + j * 128); token t's code and scale. */
     static __device__ __forceinline__ uint8_t *w(uint8_t *ring, int s) { return ring + s * slot; }
     static constexpr int sf(int j) { return steps * ST_CODES + j * ST_SCALES; }
     static __device__ __forceinline__ uint8_t *x(uint8_t *ring, int s) {
-        return XG ? ring + stages * slot + s * 128 : ring + s * slot + wbytes;
+        return XG ? ring + stages * slot + s * steps * 128 : ring + s * slot + wbytes;
     }
     static __device__ __forceinline__ uint8_t *meta(uint8_t *ring, int s, int t) {
         return ring + s * slot + wbytes + (XG ? t * 8 : t * pxrow + steps * 128);
@@ -153,8 +156,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
     const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
     constexpr bool XG = lay::grouped;
     constexpr int S = lay::stages;
-    int n = 0; /* steps issued */
-    /* Waits until the consumers have released the step that used step m's slot before it. */
+    int n = 0; /* slots issued */
+    /* Waits until the consumers have released slot m % S from its use before m (use m - S). */
     auto wait_free = [&](int m) {
         if (m >= S && lane == 0) mm_mbar_wait_parity(&empty[m % S], ((m / S) - 1) & 1);
         __syncwarp();
@@ -186,18 +189,23 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
             }
             for (int kc = kc0; kc < kc1; kc += lay::steps, n++) {
                 const int slot = n % S;
-                const int ks = lay::steps == 1 ? 1 : min(lay::steps, kc1 - kc); /* K steps in this slot */
-                /* Grouped layout: the token rows of a group of ST_XG slots come in one copy per token,
-                 * issued with the group's first step (or the chunk's first, mid-group) for the steps
-                 * up to the group's end or the chunk's; their bytes complete on this step's barrier,
-                 * which the consumers wait on before the later steps'. The rows are rewritten only
-                 * once the last step that held them before is released. */
+                const int ks = min(lay::steps, kc1 - kc); /* K steps in this slot */
+                /* xsteps: the K steps of token rows copied with this slot, from its first step on.
+                 * Per-slot layout (and grouped chunks of fewer than ST_XG_MIN_COLS tokens): the slot's
+                 * own. Grouped: the rows of a group of `group` slots (ST_XG steps) come in one copy
+                 * per token, issued with the group's first slot (or the chunk's first, mid-group) for
+                 * the steps up to the group's end or the chunk's; their bytes complete on this slot's
+                 * barrier, which the consumers wait on before the later slots'. The rows are
+                 * rewritten only once the last slot that held them before is released: slot
+                 * n + (xsteps - 1) / steps holds the copy's last step. */
                 const int gpos = n % lay::group;
-                const int xsteps = !XG || nc < ST_XG_MIN_COLS ? 1 : gpos == 0 || kc == kc0 ? min(lay::group - gpos, kc1 - kc) : 0;
+                const int xsteps = !XG || nc < ST_XG_MIN_COLS ? ks
+                                   : gpos == 0 || kc == kc0 ? min((lay::group - gpos) * lay::steps, kc1 - kc)
+                                                            : 0;
                 wait_free(n);
-                if (xsteps > 1) wait_free(n + xsteps - 1);
+                if (XG && xsteps > lay::steps) wait_free(n + (xsteps - 1) / lay::steps);
                 uint8_t *dst = lay::w(ring, slot);
-                const uint32_t bytes = ks * (ST_CODES + ST_SCALES) + nc * 128 * (XG ? xsteps : ks);
+                const uint32_t bytes = ks * (ST_CODES + ST_SCALES) + nc * 128 * xsteps;
                 if (kc == kc0) {
                     if (lane < ST_COLS) {
                         *(int *)lay::meta(ring, slot, lane) = code;
@@ -214,9 +222,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 }
                 if (n == 0) st_wait_for_inputs<PHASE>(); /* the token rows are the previous kernel's output */
                 __syncwarp(); /* expect_tx before any completion */
-                if (lane < nc && xsteps > 0)
-                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * (XG ? xsteps : ks),
-                                 &full[slot]);
+                if (lane < nc && (!XG || xsteps > 0)) /* per-slot: every slot has rows */
+                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
             }
         }
     }
@@ -296,36 +303,61 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
     }
 }
 
+/* A consumer thread's shared-memory addresses for ring slot 0 (slot s: + s * lay::slot, the grouped
+ * layout's token rows + s * 128): its 16 B of codes of group 2 warp, its 8 B of scales (row g) of
+ * that group, its row of the first ldmatrix of the token rows; and the full barriers (the empty
+ * ones follow them, lay::stages * 8 bytes on: one array, so a slot's empty barrier is an immediate
+ * offset from its full one). Computed once per chunk and kept opaque to the compiler, which
+ * otherwise recomputes them from the thread index and the shared window in K loop iterations;
+ * not at 5 blocks per SM, whose 72 registers spill more when they stay in registers. */
+struct st_addr {
+    uint32_t codes, scales, rows, full;
+};
+template <class lay>
+__device__ __forceinline__ st_addr st_thread_addr(uint8_t *ring, uint64_t *full) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    st_addr a = {mm_smem_u32(ring + GROUPS_PER_WARP * warp * 512 + lane * 16),
+                 mm_smem_u32(ring + lay::sf(0) + GROUPS_PER_WARP * warp * 64 + g * 8),
+                 mm_smem_u32(lay::x(ring, 0) + (lane & 7) * lay::xrow + 16 * (lane >> 3)), mm_smem_u32(full)};
+    if (lay::blocks == ST_BLOCKS_PER_SM) {
+        mm_opaque(a.codes);
+        mm_opaque(a.scales);
+        mm_opaque(a.rows);
+        mm_opaque(a.full);
+    }
+    return a;
+}
+
 /* K step j of a landed ring slot into one consumer warp's accumulators: the warp's two groups'
  * codes and scales and the chunk's token rows into registers (then, after the slot's last step is
  * read, `release`, the warp releases the slot), then decode and mma.sync, k16 steps in order. */
 template <class lay, int NT>
-__device__ __forceinline__ void st_slot_step(float (&acc)[GROUPS_PER_WARP][NT * 4], uint8_t *ring, uint64_t *empty,
-                                             int slot, int j, bool release) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    const uint8_t *src = lay::w(ring, slot);
+__device__ __forceinline__ void st_slot_step(float (&acc)[GROUPS_PER_WARP][NT * 4], const st_addr &ad,
+                                             uint32_t slot, int j, bool release) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t wo = slot * lay::slot; /* the slot's weights */
     a_raw<true> w[GROUPS_PER_WARP];
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++) { /* the warp's groups 2 warp + q of the slab */
-        w[q].w[0] = *(const uint4 *)(src + j * ST_CODES + (GROUPS_PER_WARP * warp + q) * 512 + lane * 16);
-        w[q].sf = *(const uint2 *)(src + lay::sf(j) + (GROUPS_PER_WARP * warp + q) * 64 + g * 8);
+        w[q].w[0] = ld_shared_v4(ad.codes + wo + j * ST_CODES + q * 512);
+        w[q].sf = ld_shared_v2(ad.scales + wo + (lay::sf(j) - lay::sf(0)) + q * 64);
     }
     uint32_t b[4][NT][2];
     /* Two ldmatrix.x4 per n-tile instead of eight 32-bit loads: matrix i is k 8i..8i+7 of the
      * step for the n-tile's 8 tokens (lane l gives row l & 7 of matrix l >> 3, + 4 in the second),
      * and thread (g, c) receives token g's k 8i + 2c, 8i + 2c + 1 -- b[i / 2][nt][i % 2]. Rows past
      * the chunk's tokens hold stale bytes whose products land in columns the epilogue never stores. */
+    const uint32_t rows = ad.rows + (lay::grouped ? slot * lay::steps * 128 : wo);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const uint8_t *row = lay::x(ring, slot) + (nt * 8 + (lane & 7)) * lay::xrow + j * 128 + 16 * ((lane >> 3) + 4 * hh);
+        for (int hh = 0; hh < 2; hh++)
             ldmatrix_x4(b[2 * hh][nt][0], b[2 * hh][nt][1], b[2 * hh + 1][nt][0], b[2 * hh + 1][nt][1],
-                        (uint32_t)__cvta_generic_to_shared(row));
-        }
+                        rows + nt * 8 * lay::xrow + j * 128 + 64 * hh);
     if (release) {
         __syncwarp();
-        if (lane == 0) mm_mbar_arrive(&empty[slot]); /* this warp is done with the slot */
+        if (lane == 0)
+            mm_mbar_arrive(ad.full + slot * 8 + lay::stages * 8); /* this warp is done with the slot */
     }
 #pragma unroll
     for (int s = 0; s < 4; s++)
@@ -343,11 +375,10 @@ __device__ __forceinline__ void st_slot_step(float (&acc)[GROUPS_PER_WARP][NT * 
  * chunk of an odd number of steps ends on a half-used slot). The K steps are added in order, one
  * after the other, whatever the slots: the sums are those of one step per slot. */
 template <int PHASE, class lay, int NT, int U>
-__device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                                 uint8_t *const *peers, const mm_dev_weights *weights,
-                                                 const st_params &p, const st_header &h, uint8_t *ring,
-                                                 uint64_t *full, uint64_t *empty, int *col_code,
-                                                 float *col_scale, int &n) {
+__device__ __forceinline__ bool
+st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                 const mm_dev_weights *weights, const st_params &p, const st_header &h, uint8_t *ring,
+                 uint64_t *full, int *col_code, float *col_scale, uint32_t &n) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     constexpr int P = lay::steps, UR = U / P > 0 ? U / P : 1; /* slots per unrolled iteration */
     float acc[GROUPS_PER_WARP][NT * 4];
@@ -356,17 +387,20 @@ __device__ __forceinline__ bool st_consume_chunk(const mm_dev_shape &sh, const m
 #pragma unroll
         for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
     const int full_slots = h.steps / P;
+    const st_addr ad = st_thread_addr<lay>(ring, full);
 #pragma unroll(UR)
-    for (int f = 0; f < full_slots; f++, n++) {
-        const int slot = n % lay::stages;
-        mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
+    for (const uint32_t n_end = n + full_slots; n != n_end; n++) {
+        uint32_t slot = n % lay::stages;
+        mm_opaque(slot); /* slot * 8, slot * lay::slot: multiply-adds, not shifts and masks of n */
+        mm_mbar_wait_parity(ad.full + slot * 8, (n / lay::stages) & 1);
 #pragma unroll
-        for (int j = 0; j < P; j++) st_slot_step<lay, NT>(acc, ring, empty, slot, j, j == P - 1);
+        for (int j = 0; j < P; j++)
+            st_slot_step<lay, NT>(acc, ad, slot, j, j == P - 1);
     }
     if (P > 1 && h.steps % P != 0) { /* the chunk's last step alone in its slot */
-        const int slot = n % lay::stages;
-        mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
-        st_slot_step<lay, NT>(acc, ring, empty, slot, 0, true);
+        const uint32_t slot = n % lay::stages;
+        mm_mbar_wait_parity(ad.full + slot * 8, (n / lay::stages) & 1);
+        st_slot_step<lay, NT>(acc, ad, slot, 0, true);
         n++;
     }
 
@@ -415,7 +449,8 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     }
     extern __shared__ __align__(128) uint8_t ring[];
     using lay = st_lay<XG, B>;
-    __shared__ __align__(8) uint64_t full[lay::stages], empty[lay::stages];
+    __shared__ __align__(8) uint64_t bars[2 * lay::stages]; /* full, then empty (st_addr) */
+    uint64_t *full = bars, *empty = bars + lay::stages;
     __shared__ st_header hdr[lay::stages];
     __shared__ int base[ST_MAX_LOCAL + 1];
     __shared__ int col_code[ST_WARPS][ST_COLS];
@@ -460,7 +495,7 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         st_produce<PHASE, lay>(sh, L, peers, weights, p, base, ring, full, empty, hdr);
         return;
     }
-    int n = 0; /* steps consumed */
+    uint32_t n = 0; /* slots consumed */
     for (;;) {
         const int slot = n % lay::stages;
         mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
@@ -472,10 +507,11 @@ __global__ void __launch_bounds__(ST_THREADS, B)
             col_scale[warp][lane] = *(const float *)(pad + 4);
         }
         __syncwarp();
-        const bool last =
-            h.ncols > 8
-                ? st_consume_chunk<PHASE, lay, 2, U>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n)
-                : st_consume_chunk<PHASE, lay, 1, U>(sh, L, peers, weights, p, h, ring, full, empty, col_code[warp], col_scale[warp], n);
+        const bool last = h.ncols > 8
+                              ? st_consume_chunk<PHASE, lay, 2, U>(sh, L, peers, weights, p, h, ring, full,
+                                                                   col_code[warp], col_scale[warp], n)
+                              : st_consume_chunk<PHASE, lay, 1, U>(sh, L, peers, weights, p, h, ring, full,
+                                                                   col_code[warp], col_scale[warp], n);
         if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
@@ -536,7 +572,7 @@ megamoe_status sm90_expert_stream_prepare() {
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
             /* The split plan and the persistent grid count on blocks_per_sm resident blocks; the
-             * rings of 4 blocks leave 3-4 KB of the H200's 228 KB (dynamic + static + the 1 KB the
+             * rings of 4 blocks leave 4-5 KB of the H200's 228 KB (dynamic + static + the 1 KB the
              * system reserves per block), so a little more static shared memory would leave a
              * quarter of the grid waiting for a second wave. Caught here, not in a benchmark. */
             int resident = 0;

@@ -140,9 +140,7 @@ __device__ __forceinline__ void decode_a(const a_raw<nvfp4> &r, int s, uint32_t 
     const uint32_t word = ((const uint32_t *)&r.w[0])[s];
     const uint32_t a_form = word & 0x8E8E8E8Eu;
     const uint32_t b_form = ((word << 7) & 0x80808080u) | ((word >> 3) & 0x0E0E0E0Eu);
-    const uint32_t sfw = (s < 2 ? r.sf.x : r.sf.y) >> (16 * (s & 1)); /* scale bytes of rows g, g+8 */
-    const __half2_raw sr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sfw & 0xFFFFu), __NV_E4M3);
-    const __half2 s2 = *reinterpret_cast<const __half2 *>(&sr);
+    const __half2 s2 = e4m3x2_to_half2(s < 2 ? r.sf.x : r.sf.y, s & 1); /* scales of rows g, g+8 */
     const __half2 s_g = __low2half2(s2), s_g8 = __high2half2(s2);
     a[0] = hmul2_bits(__byte_perm(a_form, 0u, 0x1404), s_g);
     a[1] = hmul2_bits(__byte_perm(a_form, 0u, 0x3424), s_g8);

@@ -21,16 +21,21 @@ __device__ __forceinline__ void mm_mbar_init_fence() {
 __device__ __forceinline__ void mm_mbar_expect_tx(uint64_t *b, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mm_mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(mm_smem_u32(b)) : "memory");
+/* The arrive and the parity wait also take the barrier's shared address (b = mm_smem_u32(barrier)). */
+__device__ __forceinline__ void mm_mbar_arrive(uint32_t b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory");
 }
+__device__ __forceinline__ void mm_mbar_arrive(uint64_t *b) { mm_mbar_arrive(mm_smem_u32(b)); }
 /* Waits until the phase of the given parity has completed. */
-__device__ __forceinline__ void mm_mbar_wait_parity(uint64_t *b, uint32_t parity) {
+__device__ __forceinline__ void mm_mbar_wait_parity(uint32_t b, uint32_t parity) {
     asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(mm_smem_u32(b)),
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(b),
                  "r"(parity)
                  : "memory");
+}
+__device__ __forceinline__ void mm_mbar_wait_parity(uint64_t *b, uint32_t parity) {
+    mm_mbar_wait_parity(mm_smem_u32(b), parity);
 }
 /* Arrives and returns the phase state, then waits for that phase (the cuda::barrier way). */
 __device__ __forceinline__ uint64_t mm_mbar_arrive_state(uint64_t *b) {
