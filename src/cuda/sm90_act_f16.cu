@@ -42,6 +42,9 @@ __device__ __forceinline__ uint4 chunk_to_f16(uint4 v, int e) {
 __global__ void __launch_bounds__(ACT_F16_THREADS) sm90_act_f16_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers, int block_per_row) {
     mm_wait_previous();
+    /* The down kernel's blocks may enter now: they set up and load their first weights while this
+     * kernel converts (a few rows: microseconds), and read act and slot_scale after their wait. */
+    mm_launch_dependents();
     __shared__ float warp_max[ACT_F16_THREADS / 32];
     uint8_t *mine = peers[sh.first_rank + blockIdx.y];
     const int G = block_per_row ? ACT_F16_THREADS : 32, t = threadIdx.x % G, rows_per_block = ACT_F16_THREADS / G;

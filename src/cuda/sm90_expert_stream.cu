@@ -180,6 +180,9 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
             const uint8_t *xsrc = NULL;
             int code = -1;
             float scale = 1.0f;
+            /* W4A16's down scale (the act row's power of two) is sm90_act_f16's output, which lets
+             * this kernel in before it ends: read only after the wait. */
+            if (PHASE == PHASE_DOWN && sh.bf16_act && n == 0) st_wait_for_inputs<PHASE>();
             if (lane < nc) {
                 const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
                 slot_info si;
@@ -220,7 +223,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ks * ST_CODES, &full[slot]);
                     mm_bulk_copy(dst + lay::sf(0), sfs + (size_t)kc * ST_SCALES, ks * ST_SCALES, &full[slot]);
                 }
-                if (n == 0) st_wait_for_inputs<PHASE>(); /* the token rows are the previous kernel's output */
+                if (n == 0 && !(PHASE == PHASE_DOWN && sh.bf16_act))
+                    st_wait_for_inputs<PHASE>(); /* the token rows are the previous kernel's output */
                 __syncwarp(); /* expect_tx before any completion */
                 if (lane < nc && (!XG || xsteps > 0)) /* per-slot: every slot has rows */
                     mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
