@@ -135,12 +135,14 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
     tile = local / (p.splits * p.Y);
 }
 
-/* The down kernel's wait for gate/up (both phases trigger launch_dependents early): its blocks may enter while gate/up's
- * last blocks still run, so everything that reads only the routing (written kernels before, whose
- * completion gate/up had waited for before it let this kernel in) runs first, and the wait comes
- * before the first copy of act rows -- in the producer warp, whose block therefore cannot end before
- * gate/up has; a block that leaves without streaming waits first as well, so this kernel's end
- * always implies gate/up's (the completion chain of DECISIONS 41). Elsewhere the kernel's first act. */
+/* The down kernel's wait for the kernel before it (gate/up, or W4A16's sm90_act_f16; each triggers
+ * launch_dependents early): its blocks may enter while that kernel still runs, so everything that
+ * reads only the routing (written kernels before, whose completion the previous kernel had waited
+ * for before it let this kernel in) runs first, and the wait comes before the first copy of act rows
+ * (W4A16: before the first slot_scale read, sm90_act_f16's output too) -- in the producer warp, whose
+ * block therefore cannot end before the previous kernel has; a block that leaves without streaming
+ * waits first as well, so this kernel's end always implies the previous kernel's (the completion
+ * chain of DECISIONS 41). Elsewhere the kernel's first act. */
 template <int PHASE>
 __device__ __forceinline__ void st_wait_for_inputs() {
     if (PHASE == PHASE_DOWN) {

@@ -13,7 +13,8 @@
 __device__ __forceinline__ void mm_wait_previous() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 /* Lets the next kernel's blocks be scheduled now (they still wait in mm_wait_previous for this
  * kernel's end). Most kernels do not: letting the next kernel in right after every kernel's wait is
- * slower; the streaming kernels trigger once a block's copies are issued (DECISIONS 41). */
+ * slower; the streaming kernels trigger once a block's copies are issued, sm90_act_f16 right after
+ * its wait (DECISIONS 41). */
 __device__ __forceinline__ void mm_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
