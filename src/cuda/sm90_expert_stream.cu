@@ -310,7 +310,7 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
 }
 
 /* A consumer thread's shared-memory addresses for ring slot 0 (slot s: + s * lay::slot, the grouped
- * layout's token rows + s * 128): its 16 B of codes of group 2 warp, its 8 B of scales (row g) of
+ * layout's token rows + s * lay::steps * 128): its 16 B of codes of group 2 warp, its 8 B of scales (row g) of
  * that group, its row of the first ldmatrix of the token rows; and the full barriers (the empty
  * ones follow them, lay::stages * 8 bytes on: one array, so a slot's empty barrier is an immediate
  * offset from its full one). Computed once per chunk and kept opaque to the compiler, which
