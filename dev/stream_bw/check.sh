@@ -15,8 +15,9 @@
 #               E 16 K 4 H 2304 I 1024 at T = 1 (gate/up in 4 splits of 9 K steps: half-used last
 #               slots on the rolled loop), 8 (per-slot layout, unrolled) and 32 (grouped layout), and
 #               E 8 K 5 H 7168 I 2048 at T = 1 (3 splits of 37 / 37 / 38 on the unrolled loop)
-#     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32,
-#               bf16 and nvfp4 activations, A and B alternating per shape, ROUNDS (default 1) rounds
+#     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32
+#               (COMPARE_TOKENS), bf16 and nvfp4 activations, A and B alternating per shape, ROUNDS
+#               (default 1) rounds
 #     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1):
 #               SourceCounters (stall reasons per SASS line), WarpStateStats, MemoryWorkloadAnalysis,
 #               SpeedOfLight (SM frequency, DRAM throughput), ComputeWorkloadAnalysis (pipe use),
@@ -166,7 +167,7 @@ for part in "${parts[@]}"; do
   compare)
     if [ $revs_ok = 1 ]; then
       step compare $((100 * ${ROUNDS:-1})) env OUT="$L" SHAPES_ONLY="256 8 7168 2048;8 2 4096 14336;128 8 2048 768" \
-        ACTIVATIONS="bf16 nvfp4" bash bench/device/compare_revs.sh bench 1,8,32 "${ROUNDS:-1}"
+        ACTIVATIONS="bf16 nvfp4" bash bench/device/compare_revs.sh bench "${COMPARE_TOKENS:-1,8,32}" "${ROUNDS:-1}"
       [ -f "$L/compare.log" ] && tail -14 "$L/compare.log"
     else
       echo "compare: NOT RUN (no .devbin/rev-a/megamoe: stage with this script)"
