@@ -2,10 +2,12 @@
 # dev/stream_bw/check.sh -- the device call for the streaming kernel's two K steps per ring slot
 # (docs/CUDA_BACKEND.md, "The streaming kernel's share of copy bandwidth at decode"): is it correct,
 # is y byte for byte what the one-step kernel gives, is it faster, and what bounds it now.
-#   here:   bash dev/stream_bw/check.sh stage [BASE]
+#   here:   bash dev/stream_bw/check.sh stage [BASE [REV ...]]
 #             bench/device/stage.sh (this tree's binaries, packed into .devbin), then BASE's `megamoe`
 #             (default main: run it on a branch) built from `git archive` and packed as
-#             .devbin/rev-a/megamoe.xz; carry .devbin (~13 MB)
+#             .devbin/rev-a/megamoe.xz, and each further REV's as rev-c, rev-d, ... (compare runs them
+#             too, each against A: variants measured apart while the tests run on this tree, which may
+#             hold them all); carry .devbin (~13 MB, ~2 MB more per REV)
 #   there:  bash dev/stream_bw/check.sh [PART ...]
 #             (default: gate bitwise compare ncu test_gpu_auto test_gpu_stream sanitize and the other
 #             test_gpu modes last: they force kernels other than the one this branch changes)
@@ -41,15 +43,22 @@ cd "$(dirname "$self")/../.."
 if [ "${1:-}" = stage ]; then
   set -e
   base=${2:-main}
+  extra=("${@:3}")
   bash bench/device/stage.sh
-  src=build-revs/a/src
-  rm -rf build-revs/a && mkdir -p "$src"
-  git archive "$base" | tar -x -C "$src"
-  cmake -S "$src" -B build-revs/a/build -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
-  cmake --build build-revs/a/build -j "$(nproc)" --target megamoe_cli >/dev/null
-  mkdir -p .devbin/rev-a
-  xz -T2 -1 -c build-revs/a/build/megamoe > .devbin/rev-a/megamoe.xz
-  echo "$base $(git rev-parse --short "$base")" > .devbin/rev-a/REV
+  sides=(c d e f g h)
+  [ ${#extra[@]} -le ${#sides[@]} ] || { echo "check.sh stage: at most ${#sides[@]} further revisions" >&2; exit 2; }
+  revs=("a:$base")
+  for i in "${!extra[@]}"; do revs+=("${sides[$i]}:${extra[$i]}"); done
+  for sr in "${revs[@]}"; do
+    side=${sr%%:*} rev=${sr#*:} src=build-revs/${sr%%:*}/src
+    rm -rf "build-revs/$side" && mkdir -p "$src"
+    git archive "$rev" | tar -x -C "$src"
+    cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
+    cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe_cli >/dev/null
+    mkdir -p ".devbin/rev-$side"
+    xz -T2 -1 -c "build-revs/$side/build/megamoe" > ".devbin/rev-$side/megamoe.xz"
+    echo "$rev $(git rev-parse --short "$rev")" > ".devbin/rev-$side/REV"
+  done
   du -sh .devbin
   exit 0
 fi
@@ -168,7 +177,7 @@ for part in "${parts[@]}"; do
     if [ $revs_ok = 1 ]; then
       step compare $((100 * ${ROUNDS:-1})) env OUT="$L" SHAPES_ONLY="256 8 7168 2048;8 2 4096 14336;128 8 2048 768" \
         ACTIVATIONS="bf16 nvfp4" bash bench/device/compare_revs.sh bench "${COMPARE_TOKENS:-1,8,32}" "${ROUNDS:-1}"
-      [ -f "$L/compare.log" ] && tail -14 "$L/compare.log"
+      [ -f "$L/compare.log" ] && sed -n '/^A = /,$p' "$L/compare.log"
     else
       echo "compare: NOT RUN (no .devbin/rev-a/megamoe: stage with this script)"
       left_out+=(compare)
