@@ -5,6 +5,9 @@
 #          builds `megamoe` of each revision (git archive into build-revs/, CUDA on) and stages them
 #          packed as .devbin/rev-a/megamoe.xz, .devbin/rev-b/megamoe.xz, ... with the shared libraries
 #          (this replaces .devbin; ~4 MB per revision; carry .devbin)
+#          bash bench/device/compare_revs.sh stage-rev SIDE REV
+#          the same for one revision as .devbin/rev-SIDE, keeping the rest of .devbin (how
+#          dev/stream_bw/check.sh stage adds its base and further revisions beside its test binaries)
 #   there: bash bench/device/compare_revs.sh bench [TOKENS] [ROUNDS]
 #          every staged build's `megamoe bench` (each .devbin/rev-*/megamoe, or its megamoe.xz unpacked)
 #          on the three shapes, the builds in turn per shape, ROUNDS times (default 2); FORMATS
@@ -14,7 +17,24 @@
 # To also test a revision there: check out it here, bench/device/stage.sh, bench/device/check.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Builds revision $2's `megamoe` (git archive into build-revs/$1, CUDA on) packed as
+# .devbin/rev-$1/megamoe.xz (unpacked there by `bench`), with its name in .devbin/rev-$1/REV.
+stage_rev() {
+  local side=$1 rev=$2 src=build-revs/$1/src
+  rm -rf "build-revs/$side" && mkdir -p "$src"
+  git archive "$rev" | tar -x -C "$src"
+  cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
+  cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe_cli >/dev/null
+  mkdir -p ".devbin/rev-$side"
+  xz -T2 -1 -c "build-revs/$side/build/megamoe" > ".devbin/rev-$side/megamoe.xz"
+  echo "$rev $(git rev-parse --short "$rev")" > ".devbin/rev-$side/REV"
+}
+
 case ${1:-} in
+stage-rev)
+  [ $# -eq 3 ] || { echo "usage: $0 stage-rev SIDE REV" >&2; exit 2; }
+  stage_rev "$2" "$3"
+  ;;
 build)
   [ $# -ge 3 ] || { echo "usage: $0 build REV_A REV_B [REV_C ...]" >&2; exit 2; }
   shift
@@ -23,16 +43,8 @@ build)
   [ $# -le ${#sides[@]} ] || { echo "compare_revs: at most ${#sides[@]} revisions" >&2; exit 2; }
   i=0
   for rev in "$@"; do
-    side=${sides[$i]}
+    stage_rev "${sides[$i]}" "$rev"
     i=$((i + 1))
-    src=build-revs/$side/src
-    rm -rf "build-revs/$side" && mkdir -p "$src"
-    git archive "$rev" | tar -x -C "$src"
-    cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
-    cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe_cli >/dev/null
-    mkdir -p ".devbin/rev-$side"
-    xz -T2 -1 -c "build-revs/$side/build/megamoe" > ".devbin/rev-$side/megamoe.xz" # unpacked there by `bench`
-    echo "$rev $(git rev-parse --short "$rev")" > ".devbin/rev-$side/REV"
   done
   for lib in libjansson.so.4 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/libs/; done
   cp -L "$(ldd build-revs/a/build/megamoe | awk '/libcudart/ {print $3}')" .devbin/libs/
@@ -94,7 +106,7 @@ for (shape, fmt, T), v in sorted(rows.items()):
 PY
   ;;
 *)
-  echo "usage: $0 build REV_A REV_B [REV_C ...] (here) | bench [TOKENS] [ROUNDS] (on the GPU machine)" >&2
+  echo "usage: $0 build REV_A REV_B [REV_C ...] | stage-rev SIDE REV (here) | bench [TOKENS] [ROUNDS] (there)" >&2
   exit 2
   ;;
 esac

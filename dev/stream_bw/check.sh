@@ -47,18 +47,8 @@ if [ "${1:-}" = stage ]; then
   bash bench/device/stage.sh
   sides=(c d e f g h)
   [ ${#extra[@]} -le ${#sides[@]} ] || { echo "check.sh stage: at most ${#sides[@]} further revisions" >&2; exit 2; }
-  revs=("a:$base")
-  for i in "${!extra[@]}"; do revs+=("${sides[$i]}:${extra[$i]}"); done
-  for sr in "${revs[@]}"; do
-    side=${sr%%:*} rev=${sr#*:} src=build-revs/${sr%%:*}/src
-    rm -rf "build-revs/$side" && mkdir -p "$src"
-    git archive "$rev" | tar -x -C "$src"
-    cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
-    cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe_cli >/dev/null
-    mkdir -p ".devbin/rev-$side"
-    xz -T2 -1 -c "build-revs/$side/build/megamoe" > ".devbin/rev-$side/megamoe.xz"
-    echo "$rev $(git rev-parse --short "$rev")" > ".devbin/rev-$side/REV"
-  done
+  bash bench/device/compare_revs.sh stage-rev a "$base"
+  for i in "${!extra[@]}"; do bash bench/device/compare_revs.sh stage-rev "${sides[$i]}" "${extra[$i]}"; done
   du -sh .devbin
   exit 0
 fi
