@@ -315,11 +315,20 @@ static void test_grid_small(void **state) {
          * (padding), so a chunk ends on a half-used slot, the next starts in the middle of a group
          * of slots its token rows share, and the last copies its rows per slot (fewer than 3). */
         {8, 1, 2304, 256, 34, 34, 1, 0},
+        /* Over 8 slots per expert: the streaming kernel's wide instantiation (32-token chunks, 3
+         * blocks per SM). 192 slots on 16 experts: chunks of up to 32 tokens, 4 or 2 n-tiles; and 80
+         * tokens on one expert with gate/up in 4 splits of 9 K steps: a 64-token tile as two chunks
+         * of 32 in the consumers and in the split-K finisher, then a tile of 16. */
+        {16, 4, 256, 512, 48, 48, 0, 0},
+        {8, 1, 2304, 256, 80, 80, 1, 0},
     };
     assert_true(plan_stream_more_blocks(48 * 4, 256, 256, 2 * 256 / 128, 256 / 64, MM_PLAN_SMS));
     assert_int_equal(plan_stream_splits(2, 8, 2 * 256 / 128, 2304 / 64), 4);
     assert_int_equal(plan_stream_variant(34, 8, 8, 2 * 256 / 128, 2304 / 64, MM_PLAN_SMS), STREAM_GROUPED);
     assert_int_equal(plan_stream_splits(34, 8, 2 * 256 / 128, 2304 / 64), 4);
+    assert_int_equal(plan_stream_variant(48 * 4, 16, 16, 2 * 512 / 128, 256 / 64, MM_PLAN_SMS), STREAM_WIDE);
+    assert_int_equal(plan_stream_variant(80, 8, 8, 2 * 256 / 128, 2304 / 64, MM_PLAN_SMS), STREAM_WIDE);
+    assert_int_equal(plan_stream_splits(80, 8, 2 * 256 / 128, 2304 / 64), 4);
     for (int f = 0; f < 2; f++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             run_case((megamoe_weight_format)f, &cases[i], k_ranks, 4);

@@ -245,11 +245,12 @@ static void test_gemm_choice_rules(void **state) {
     for (long slots = 1; slots <= 1L << 20; slots *= 4) /* NVFP4 with K of 2048: never on 64-token blocks */
         assert_true(gemm_choice(0, slots, 256, 1, 1, 2048) != GEMM_WS64);
     /* NVFP4 with both K >= 4096: on 64-token blocks above 16 per expert, up to MM_WS_MIN_TOKENS. */
-    assert_int_equal(gemm_choice(0, 16L * 8, 8, 1, 1, 4096), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 16L * 8, 8, 1, 1, 4096), GEMM_STREAM); /* up to there streaming */
     assert_int_equal(gemm_choice(0, 16L * 8 + 1, 8, 1, 1, 4096), GEMM_WS64);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 8 - 1, 8, 1, 1, 4096), GEMM_WS64);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 8, 8, 1, 1, 4096), GEMM_WS);
     assert_int_equal(gemm_choice(0, 8L * 8, 8, 1, 1, 4096), GEMM_STREAM);
+    assert_int_equal(gemm_choice(0, (long)MM_STREAM_MAX_AVG * 8, 8, 1, 1, 4096), GEMM_STREAM);
     /* The warp-specialized kernel from MM_WS_MIN_TOKENS per expert (NVFP4: min(H, I) >= 2048; BF16: unsplit only). */
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);
@@ -258,9 +259,11 @@ static void test_gemm_choice_rules(void **state) {
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 2, 0, 2048), GEMM_WS64); /* split: 64-token */
     assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 1, 2048), GEMM_STREAM);
     assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 0, 2048), GEMM_MMA); /* BF16 has no streaming kernel */
-    /* NVFP4 (chosen): streaming up to 8 slots per expert on average, wgmma above. */
-    assert_int_equal(gemm_choice(0, 8L * 256, 256, 1, 1, 2048), GEMM_STREAM);
-    assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1, 2048), GEMM_WGMMA);
+    /* NVFP4 (chosen): streaming up to MM_STREAM_MAX_AVG (16) slots per expert on average, wgmma above. */
+    assert_int_equal(MM_STREAM_MAX_AVG, 16);
+    assert_int_equal(gemm_choice(0, 8L * 256 + 1, 256, 1, 1, 2048), GEMM_STREAM);
+    assert_int_equal(gemm_choice(0, 16L * 256, 256, 1, 1, 2048), GEMM_STREAM);
+    assert_int_equal(gemm_choice(0, 16L * 256 + 1, 256, 1, 1, 2048), GEMM_WGMMA);
     /* BF16: the 64-token warp-specialized kernel from 4 per expert (split planned or not), mma.sync below. */
     assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 2048), GEMM_WS64);
     assert_int_equal(gemm_choice(0, 4L * 256, 256, 1, 0, 768), GEMM_WS64);
@@ -299,23 +302,26 @@ static void test_route_rules(void **state) {
     assert_true(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 128, 256));
     assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 127, 256));
     assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 0, 128, 256)); /* BF16: no streaming kernel */
-    assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 8L * 16 + 1, 16)); /* past the streaming regime */
+    assert_true(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 16L * 16, 16));
+    assert_false(plan_route_orders_tiles(ROUTE_ONE_KERNEL, 1, 16L * 16 + 1, 16)); /* past the streaming regime */
     assert_false(plan_route_orders_tiles(ROUTE_CHUNKS, 1, 256, 256));
 }
 
-/* The streaming kernel's instantiation: the grouped layout exactly from 4 slots per expert on
- * average; the other three only below, in their order of precedence. */
+/* The streaming kernel's instantiation: the wide one exactly above 8 slots per expert on average,
+ * the grouped layout from 4 up to there; the other three only below, in their order of precedence. */
 static void test_stream_variants(void **state) {
     (void)state;
     const int Es[] = {8, 64, 128, 256}, ys[] = {2, 12, 16, 56}, nkcs[] = {8, 12, 32, 112};
     for (int a = 0; a < N(Es); a++)
         for (int b = 0; b < N(ys); b++)
             for (int c = 0; c < N(nkcs); c++)
-                for (long slots = 1; slots <= 16L * Es[a]; slots += 1 + slots / 3) {
+                for (long slots = 1; slots <= 24L * Es[a]; slots += 1 + slots / 3) {
                     const int E = Es[a], y = ys[b], nkc = nkcs[c];
                     const int v = plan_stream_variant(slots, E, E, y, nkc, MM_PLAN_SMS);
                     assert_true(v >= 0 && v < STREAM_VARIANTS);
-                    assert_int_equal(v == STREAM_GROUPED, slots >= (long)MM_STREAM_GROUPED_MIN_AVG * E);
+                    assert_int_equal(v == STREAM_WIDE, slots > (long)MM_STREAM_WIDE_ABOVE * E);
+                    assert_int_equal(v == STREAM_GROUPED, slots >= (long)MM_STREAM_GROUPED_MIN_AVG * E &&
+                                                              slots <= (long)MM_STREAM_WIDE_ABOVE * E);
                     if (v == STREAM_MORE_BLOCKS) assert_true(plan_stream_more_blocks(slots, E, E, y, nkc, MM_PLAN_SMS));
                     if (v == STREAM_ROLLED) assert_true(plan_stream_rolled(slots, E, y, nkc));
                     if (v == STREAM_PER_SLOT)

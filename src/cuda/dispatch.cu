@@ -19,17 +19,18 @@
  * kernel unless one of them plans a K split where the other does not) and min_k = min(H, I):
  *
  *   format  n                                    kernel (file)                          split-K
- *   NVFP4   n <= 8                               streaming   (sm90_expert_stream.cu)    plan_stream_splits
- *   NVFP4   8 < n, min_k >= 4096, 16 < n < 64    ws64        (sm90_expert_ws.cu, N 64)  none
- *   NVFP4   8 < n, otherwise below ws            wgmma       (sm90_expert_wgmma.cu)     plan_wgmma_splits
+ *   NVFP4   n <= 16                              streaming   (sm90_expert_stream.cu)    plan_stream_splits
+ *   NVFP4   16 < n < 64, min_k >= 4096           ws64        (sm90_expert_ws.cu, N 64)  none
+ *   NVFP4   16 < n, otherwise below ws           wgmma       (sm90_expert_wgmma.cu)     plan_wgmma_splits
  *   NVFP4   n >= 64, min_k >= 2048               ws          (sm90_expert_ws.cu, N 128) none
  *   BF16    n < 4                                mma.sync    (sm90_expert_mma.cu)       plan_splitk
  *   BF16    n >= 4 (n >= 64 with a split planned) ws64                                  none
  *   BF16    n >= 64, no split planned            ws                                     none
  *
  * megamoe_layer_config.gemm_kernel forces one kernel for every phase (tests, benchmarks). The
- * streaming kernel runs one of four instantiations per phase (gemm_plan.h plan_stream_variant: the
- * grouped layout from 4 slots per expert, one block per SM more, the K loop not unrolled). Every
+ * streaming kernel runs one of five instantiations per phase (gemm_plan.h plan_stream_variant: the
+ * grouped layout from 4 slots per expert, on 32-token chunks above 8, one block per SM more, the K
+ * loop not unrolled). Every
  * choice is a function of the group's slot count and the shape only (never of R or of which rank
  * computes), so y is bitwise the same for any R and number of GPUs. One process knows S and launches
  * exactly the chosen kernel; with NCCL a rank knows only its own count, launches every kernel the

@@ -67,7 +67,7 @@ MM_PLAN_FN splitk_plan plan_splitk(long slots, int E, int y, int nkc) {
 }
 
 /* Which kernel runs the expert GEMMs of a forward (dispatch.cu's table): NVFP4 the streaming kernel
- * up to 8 tokens per expert on average, then wgmma, the warp-specialized kernel on 64-token blocks
+ * up to 16 tokens per expert on average, then wgmma, the warp-specialized kernel on 64-token blocks
  * (ws64) where both K are long, and on 128-token blocks (ws) from 64 per expert; BF16 mma.sync below
  * 4 tokens per expert, ws64 from 4, ws from 64 where mma.sync plans no K split. A function of the global token count and the shape only, like the split-K plans, so y does not
  * depend on R or on the number of GPUs. `force` (from megamoe_layer_config.gemm_kernel, for tests
@@ -100,13 +100,15 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
 /* The warp-specialized kernel on 64-token blocks (GEMM_WS64) below MM_WS_MIN_TOKENS per expert:
  * NVFP4 above 16 per expert when both K are 4096 or more; BF16 from 4 per expert (in place of the
  * wgmma kernel and mma.sync split-K, including where mma.sync would split K). Measurements: DECISIONS. */
+#define MM_STREAM_MAX_AVG 16 /* the streaming kernel up to this many slots per expert on average */
 MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
     if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS || force == GEMM_WS64) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
     if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 ? min_k >= 2048 : splits == 1)) return GEMM_WS;
-    /* NVFP4: streaming up to 8 tokens per expert on average (where it beats wgmma: DECISIONS). */
+    /* NVFP4: streaming up to MM_STREAM_MAX_AVG tokens per expert on average (where it beats wgmma:
+     * DECISIONS). */
     if (nvfp4) {
-        if (slots <= 8L * E) return GEMM_STREAM;
+        if (slots <= (long)MM_STREAM_MAX_AVG * E) return GEMM_STREAM;
         return min_k >= 4096 && slots > 16L * E ? GEMM_WS64 : GEMM_WGMMA;
     }
     return slots >= 4L * E ? GEMM_WS64 : GEMM_MMA;
@@ -171,12 +173,23 @@ MM_PLAN_FN int plan_stream_rolled(long slots, int E, int y, int nkc) {
 }
 
 /* The streaming kernel's instantiation for a phase (sm90_expert_stream.cu; the numerics are the same
- * in each): the grouped ring layout from MM_STREAM_GROUPED_MIN_AVG slots per expert on average, else
- * the per-slot layout with one block per SM more (plan_stream_more_blocks), or with the K loop not
- * unrolled (plan_stream_rolled), or plain. */
-enum { STREAM_PER_SLOT = 0, STREAM_GROUPED = 1, STREAM_MORE_BLOCKS = 2, STREAM_ROLLED = 3, STREAM_VARIANTS = 4 };
+ * in each): above MM_STREAM_WIDE_ABOVE slots per expert on average the grouped layout on 32-token
+ * chunks (tiles of up to 32 tokens stream their weights once, not once per 16 tokens: DECISIONS),
+ * 3 blocks per SM; from MM_STREAM_GROUPED_MIN_AVG the grouped ring layout, else the per-slot layout
+ * with one block per SM more (plan_stream_more_blocks), or with the K loop not unrolled
+ * (plan_stream_rolled), or plain. */
+enum {
+    STREAM_PER_SLOT = 0,
+    STREAM_GROUPED = 1,
+    STREAM_MORE_BLOCKS = 2,
+    STREAM_ROLLED = 3,
+    STREAM_WIDE = 4,
+    STREAM_VARIANTS = 5
+};
 #define MM_STREAM_GROUPED_MIN_AVG 4
+#define MM_STREAM_WIDE_ABOVE 8
 MM_PLAN_FN int plan_stream_variant(long slots, int E, int E_loc, int y, int nkc, int sms) {
+    if (slots > (long)MM_STREAM_WIDE_ABOVE * E) return STREAM_WIDE;
     if (slots >= (long)MM_STREAM_GROUPED_MIN_AVG * E) return STREAM_GROUPED;
     if (plan_stream_more_blocks(slots, E, E_loc, y, nkc, sms)) return STREAM_MORE_BLOCKS;
     if (plan_stream_rolled(slots, E, y, nkc)) return STREAM_ROLLED;
@@ -208,10 +221,10 @@ MM_PLAN_FN int plan_route(int one_process, int R, long total_tokens, int K, int 
     return E_r <= MM_ROUTE_CHUNK_EXPERTS ? ROUTE_CHUNKS : ROUTE_PER_EXPERT;
 }
 /* Whether the routing also writes the tile order the streaming kernel walks (tile_order_before): the
- * one-kernel routing of an NVFP4 forward in the streaming kernel's regime (<= 8 slots per expert:
- * gemm_choice) with more than one round of items per block to even out (from 128 slots). */
+ * one-kernel routing of an NVFP4 forward in the streaming kernel's regime (gemm_choice) with more
+ * than one round of items per block to even out (from 128 slots). */
 MM_PLAN_FN int plan_route_orders_tiles(int route, int nvfp4, long slots, int E) {
-    return route == ROUTE_ONE_KERNEL && nvfp4 && slots >= 128 && slots <= 8L * E;
+    return route == ROUTE_ONE_KERNEL && nvfp4 && slots >= 128 && slots <= (long)MM_STREAM_MAX_AVG * E;
 }
 
 /* The NVFP4 wgmma kernel's split-K (sm90_expert_wgmma.cu): blocks of 256 weight rows x one token

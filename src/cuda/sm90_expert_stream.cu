@@ -47,6 +47,8 @@
 #define ST_WARPS MM_STREAM_WARPS     /* consumer warps (4); one producer warp more */
 #define ST_THREADS ((ST_WARPS + 1) * 32)
 #define ST_COLS 16                   /* tokens per chunk */
+#define ST_COLS_WIDE 32 /* tokens per chunk of the wide instantiation (STREAM_WIDE: 8-16 tokens per expert) */
+#define ST_BLOCKS_WIDE 3 /* its blocks per SM: 32 token rows and 4 n-tiles of accumulators each */
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (4 beats 1 at 8-128 tokens, DECISIONS) */
@@ -71,18 +73,19 @@
  *   live in one region, a token's row holding its steps of every slot (slot s at s * steps * 128),
  *   so one bulk copy per token brings ST_XG steps, `group` slots. Faster from ~4 tokens per expert,
  *   slower at ~1 (the layout, not the grouping, costs there): DECISIONS 89. */
-template <bool XG, int B = ST_BLOCKS_PER_SM>
+template <bool XG, int B = ST_BLOCKS_PER_SM, int COLS = ST_COLS>
 struct st_lay {
     static constexpr bool grouped = XG;
     static constexpr int blocks = B;
+    static constexpr int cols = COLS; /* tokens per chunk */
     static constexpr int steps = B > ST_BLOCKS_PER_SM ? 1 : ST_PAIR; /* K steps per slot */
     static constexpr int stages = (B > ST_BLOCKS_PER_SM ? ST_STAGES_MORE : ST_STAGES) / steps; /* slots */
     static constexpr int wbytes = steps * (ST_CODES + ST_SCALES); /* a slot's weights: codes, then scales */
     static constexpr int gxrow = stages * steps * 128 + 16; /* grouped layout: a token's row, its steps of every slot */
     static constexpr int pxrow = steps * 128 + 16; /* per-slot layout: a token's row, its steps and 16 B */
-    static constexpr int slot = wbytes + (XG ? ST_COLS * 8 : ST_COLS * pxrow);
+    static constexpr int slot = wbytes + (XG ? COLS * 8 : COLS * pxrow);
     static constexpr int xrow = XG ? gxrow : pxrow;
-    static constexpr int smem = stages * slot + (XG ? ST_COLS * gxrow : 0);
+    static constexpr int smem = stages * slot + (XG ? COLS * gxrow : 0);
     static constexpr int group = XG ? ST_XG / steps : 1; /* slots per token-row copy */
     static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
     static_assert(slot % 128 == 0 && stages % group == 0 && (!XG || ST_XG % steps == 0), "aligned slots, whole groups");
@@ -115,7 +118,7 @@ struct st_header {
 /* The packed field tc (split-K's last arriver): tile, the chunk's index in it, the tile's tokens. */
 __device__ __forceinline__ int st_tile(const st_header &h) { return h.tc >> 9; }
 __device__ __forceinline__ int st_tcols(const st_header &h) { return h.tc & 127; }
-__device__ __forceinline__ int st_tfirst(const st_header &h) { return h.first - ((h.tc >> 7) & 3) * ST_COLS; }
+__device__ __forceinline__ int st_tfirst(const st_header &h, int cols) { return h.first - ((h.tc >> 7) & 3) * cols; }
 
 struct st_params {
     int Y, nkc, splits, items;
@@ -176,8 +179,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
         const size_t unit0 = (size_t)mm_layout_unit((int64_t)e * groups_per_expert + 8 * y, 0, p.nkc);
         const uint8_t *codes = (PHASE == PHASE_GATE_UP ? W.w13 : W.w2) + unit0 * 512;
         const uint8_t *sfs = (PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf) + unit0 * 64;
-        for (int chunk = 0; chunk * ST_COLS < ncols; chunk++) {
-            const int nc = min(ST_COLS, ncols - chunk * ST_COLS), row0 = first + chunk * ST_COLS;
+        for (int chunk = 0; chunk * lay::cols < ncols; chunk++) {
+            const int nc = min(lay::cols, ncols - chunk * lay::cols), row0 = first + chunk * lay::cols;
             /* Lane t < nc: token t's activation row, slot code and (gate/up) activation scale. */
             const uint8_t *xsrc = NULL;
             int code = -1;
@@ -212,7 +215,7 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 uint8_t *dst = lay::w(ring, slot);
                 const uint32_t bytes = ks * (ST_CODES + ST_SCALES) + nc * 128 * xsteps;
                 if (kc == kc0) {
-                    if (lane < ST_COLS) {
+                    if (lane < lay::cols) {
                         *(int *)lay::meta(ring, slot, lane) = code;
                         *(float *)(lay::meta(ring, slot, lane) + 4) = scale;
                     }
@@ -245,16 +248,16 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
 }
 
 /* acc = the splits' partials of a lane's values i < NI added in split order (split 0 first: no
- * 0 + (-0)), U splits per round trip (U * NI * 2 loads in flight); values i >= NI are zero. Element
- * (q, i): column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1) of the slab,
- * at constant offsets from base. */
-template <int NI, int U>
-__device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][8], const float *base, size_t split_stride,
+ * 0 + (-0)), U splits per round trip (U * NI * 2 loads in flight); values i >= NI of N are zero.
+ * Element (q, i): column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1) of
+ * the slab, at constant offsets from base. */
+template <int NI, int U, int N>
+__device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][N], const float *base, size_t split_stride,
                                               int splits, int nc, int c) {
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[q][i] = 0.0f;
+        for (int i = 0; i < N; i++) acc[q][i] = 0.0f;
     for (int sp0 = 0; sp0 < splits; sp0 += U) {
         float v[U][GROUPS_PER_WARP][NI];
 #pragma unroll
@@ -282,18 +285,18 @@ __device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][8], 
  * of GPUs and of which block came last), then the phase's epilogue. The splits are read one at a
  * time, a lane's 16 loads in flight (two at a time spilled registers of the streaming loop).
  * col_code / col_scale: this warp's column table. */
-template <int PHASE>
+template <int PHASE, int COLS>
 __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                                const mm_dev_weights *weights, const st_params &p, const st_header &h,
                                                uint8_t *mine, int *col_code, float *col_scale) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const float *ws = (const float *)(mine + L.splitk_ws);
     const size_t split_stride = (size_t)p.Y * p.slots * 128;
-    const int tcols = st_tcols(h), tfirst = st_tfirst(h);
-    for (int chunk = 0; chunk * ST_COLS < tcols; chunk++) {
-        const int nc = min(ST_COLS, tcols - chunk * ST_COLS), first = tfirst + chunk * ST_COLS;
+    const int tcols = st_tcols(h), tfirst = st_tfirst(h, COLS);
+    for (int chunk = 0; chunk * COLS < tcols; chunk++) {
+        const int nc = min(COLS, tcols - chunk * COLS), first = tfirst + chunk * COLS;
         __syncwarp(); /* the previous chunk's epilogue has read the column table */
-        if (lane < ST_COLS) {
+        if (lane < COLS) {
             slot_info si; /* unused: the epilogue decodes the codes itself */
             col_code[lane] = tile_column<PHASE, true>(sh, L, peers, mine, false, sh.first_rank + h.r, first, nc, lane, &si,
                                                       &col_scale[lane]);
@@ -302,10 +305,10 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
         /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1)
          * of the slab; offsets from one base are constants. */
         const float *base = st_partial((float *)ws, p.Y, p.slots, 0, h.y, first + 2 * c, 32 * warp + g);
-        float acc[GROUPS_PER_WARP][8];
-            st_sum_splits<8, 1>(acc, base, split_stride, p.splits, nc, c);
-        gemm_epilogue<PHASE, true, 2, true>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
-                                      8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+        float acc[GROUPS_PER_WARP][COLS / 2];
+        st_sum_splits<COLS / 2, 1>(acc, base, split_stride, p.splits, nc, c);
+        gemm_epilogue<PHASE, true, COLS / 8, true>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
+                                                   8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     }
 }
 
@@ -325,7 +328,7 @@ __device__ __forceinline__ st_addr st_thread_addr(uint8_t *ring, uint64_t *full)
     st_addr a = {mm_smem_u32(ring + GROUPS_PER_WARP * warp * 512 + lane * 16),
                  mm_smem_u32(ring + lay::sf(0) + GROUPS_PER_WARP * warp * 64 + g * 8),
                  mm_smem_u32(lay::x(ring, 0) + (lane & 7) * lay::xrow + 16 * (lane >> 3)), mm_smem_u32(full)};
-    if (lay::blocks == ST_BLOCKS_PER_SM) {
+    if (lay::blocks <= ST_BLOCKS_PER_SM) {
         mm_opaque(a.codes);
         mm_opaque(a.scales);
         mm_opaque(a.rows);
@@ -431,7 +434,7 @@ st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *con
             old = atomicAdd(counter, 1);
         }
         old = __shfl_sync(0xFFFFFFFFu, old, 0);
-        if (old != p.splits * ((st_tcols(h) + ST_COLS - 1) / ST_COLS) - 1) return false;
+        if (old != p.splits * ((st_tcols(h) + lay::cols - 1) / lay::cols) - 1) return false;
         if (lane == 0) {
             *counter = 0;           /* ready for the next forward */
             mm_fence_acq_rel_gpu(); /* acquire: the other splits' partial sums after the count */
@@ -444,7 +447,7 @@ st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *con
     return false;
 }
 
-template <int PHASE, bool XG, int B, int U>
+template <int PHASE, bool XG, int B, int U, int COLS>
 __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
                               const mm_dev_weights *weights, int force, long host_slots, int host_splits,
@@ -454,13 +457,13 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         mm_wait_previous();
     }
     extern __shared__ __align__(128) uint8_t ring[];
-    using lay = st_lay<XG, B>;
+    using lay = st_lay<XG, B, COLS>;
     __shared__ __align__(8) uint64_t bars[2 * lay::stages]; /* full, then empty (st_addr) */
     uint64_t *full = bars, *empty = bars + lay::stages;
     __shared__ st_header hdr[lay::stages];
     __shared__ int base[ST_MAX_LOCAL + 1];
-    __shared__ int col_code[ST_WARPS][ST_COLS];
-    __shared__ float col_scale[ST_WARPS][ST_COLS];
+    __shared__ int col_code[ST_WARPS][COLS];
+    __shared__ float col_scale[ST_WARPS][COLS];
 
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, Y = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
     st_params p;
@@ -507,42 +510,43 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         mm_mbar_wait_parity(&full[slot], (n / lay::stages) & 1);
         const st_header h = hdr[slot];
         if (h.steps == 0) break;
-        if (lane < ST_COLS) {
+        if (lane < COLS) {
             const uint8_t *pad = lay::meta(ring, slot, lane);
             col_code[warp][lane] = *(const int *)pad;
             col_scale[warp][lane] = *(const float *)(pad + 4);
         }
         __syncwarp();
-        const bool last = h.ncols > 8
-                              ? st_consume_chunk<PHASE, lay, 2, U>(sh, L, peers, weights, p, h, ring, full,
-                                                                   col_code[warp], col_scale[warp], n)
-                              : st_consume_chunk<PHASE, lay, 1, U>(sh, L, peers, weights, p, h, ring, full,
-                                                                   col_code[warp], col_scale[warp], n);
-        if (last) st_finish_warp<PHASE>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
+        /* n-tiles of 8 tokens: all of a chunk's, or half of them for a chunk of at most half its tokens */
+        const bool last = h.ncols > COLS / 2
+                              ? st_consume_chunk<PHASE, lay, COLS / 8, U>(sh, L, peers, weights, p, h, ring, full,
+                                                                          col_code[warp], col_scale[warp], n)
+                              : st_consume_chunk<PHASE, lay, COLS / 16, U>(sh, L, peers, weights, p, h, ring, full,
+                                                                           col_code[warp], col_scale[warp], n);
+        if (last) st_finish_warp<PHASE, COLS>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
 }
 
 /* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
- * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, and the per-slot
- * one with the K loop not unrolled. */
+ * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, the per-slot
+ * one with the K loop not unrolled, and the grouped one on 32-token chunks at ST_BLOCKS_WIDE. */
 using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, long, int,
                               int);
 struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
 };
-template <bool XG, int B, int U = MM_STREAM_UNROLL>
+template <bool XG, int B, int U = MM_STREAM_UNROLL, int COLS = ST_COLS>
 static constexpr st_variant st_variant_of() {
-    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U>},
-            st_lay<XG, B>::smem,
+    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U, COLS>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U, COLS>},
+            st_lay<XG, B, COLS>::smem,
             B};
 }
-/* [plan_stream_variant: STREAM_PER_SLOT, _GROUPED, _MORE_BLOCKS, _ROLLED] */
-static const st_variant st_variants[STREAM_VARIANTS] = {st_variant_of<false, ST_BLOCKS_PER_SM>(),
-                                                    st_variant_of<true, ST_BLOCKS_PER_SM>(),
-                                                    st_variant_of<false, ST_BLOCKS_PER_SM + 1>(),
-                                                    st_variant_of<false, ST_BLOCKS_PER_SM, 1>()};
+/* [plan_stream_variant: STREAM_PER_SLOT, _GROUPED, _MORE_BLOCKS, _ROLLED, _WIDE] */
+static const st_variant st_variants[STREAM_VARIANTS] = {
+    st_variant_of<false, ST_BLOCKS_PER_SM>(), st_variant_of<true, ST_BLOCKS_PER_SM>(),
+    st_variant_of<false, ST_BLOCKS_PER_SM + 1>(), st_variant_of<false, ST_BLOCKS_PER_SM, 1>(),
+    st_variant_of<true, ST_BLOCKS_WIDE, MM_STREAM_UNROLL, ST_COLS_WIDE>()};
 
 megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                          uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
