@@ -81,9 +81,11 @@ enum {
     GEMM_WS64 = MEGAMOE_GEMM_WS64
 };
 /* The warp-specialized kernel (sm90_expert_ws.cu, blocks of 256 rows x 128 tokens) from this many
- * tokens per expert on average; for NVFP4 only when both K are long (min_k = min(H, I) >= 2048: with
- * I = 768 the down projection's 12 K steps are too few for the pipeline). Measurements: DECISIONS. */
+ * tokens per expert on average; for NVFP4 when both K are long (min_k = min(H, I) >= 2048), and with
+ * a shorter K (Qwen3-like I = 768: the down projection's 12 K steps) only from
+ * MM_WS_SHORT_K_MIN_TOKENS per expert, where its blocks outrun wgmma's. Measurements: DECISIONS. */
 #define MM_WS_MIN_TOKENS 64
+#define MM_WS_SHORT_K_MIN_TOKENS 512
 #define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
 /* The warp-specialized kernel's block order (item -> tile of the tile list, row block): groups of
  * MM_WS_GROUP tiles, and within a group every row block for each of the group's tiles in turn, so a
@@ -104,7 +106,9 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
 MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
     if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS || force == GEMM_WS64) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
-    if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 ? min_k >= 2048 : splits == 1)) return GEMM_WS;
+    if (slots >= (long)MM_WS_MIN_TOKENS * E &&
+        (nvfp4 ? min_k >= 2048 || slots >= (long)MM_WS_SHORT_K_MIN_TOKENS * E : splits == 1))
+        return GEMM_WS;
     /* NVFP4: streaming up to MM_STREAM_MAX_AVG tokens per expert on average (where it beats wgmma:
      * DECISIONS). */
     if (nvfp4) {
