@@ -228,8 +228,10 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ks * ST_CODES, &full[slot]);
                     mm_bulk_copy(dst + lay::sf(0), sfs + (size_t)kc * ST_SCALES, ks * ST_SCALES, &full[slot]);
                 }
-                if (n == 0 && !(PHASE == PHASE_DOWN && sh.bf16_act))
-                    st_wait_for_inputs<PHASE>(); /* the token rows are the previous kernel's output */
+                /* The token rows are the previous kernel's output: wait before the first copy of
+                 * them, after the first weights are on their way (W4A16's down waited above, before
+                 * its scale read: the same wait, once per block, in one of the two places). */
+                if (n == 0 && !(PHASE == PHASE_DOWN && sh.bf16_act)) st_wait_for_inputs<PHASE>();
                 __syncwarp(); /* expect_tx before any completion */
                 if (lane < nc && (!XG || xsteps > 0)) /* per-slot: every slot has rows */
                     mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
