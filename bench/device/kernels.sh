@@ -55,7 +55,7 @@ head, units, data = rows[0], rows[1], rows[2:]
 col = {n: i for i, n in enumerate(head)}
 # The tensor pipes by instruction family (hmma counts mma.sync and wgmma alike), not their breakdowns.
 tensor = [n for n in head if n.startswith("sm__pipe_tensor_op_") and "_type_" not in n]
-to_us = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6, "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}[units[col["gpu__time_duration.sum"]]]
+to_us = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[units[col["gpu__time_duration.sum"]]]
 def num(r, n):
     try:
         return float(r[col[n]].replace(",", ""))
@@ -72,11 +72,9 @@ total = 0.0
 for r in fwd:
     us = num(r, "gpu__time_duration.sum") * to_us
     total += us
-    full = r[col["Kernel Name"]].removeprefix("void ")
-    name = full.split("(")[0].split("<")[0]
-    kind = full[len(name):].split("(")[0]
+    kernel = r[col["Kernel Name"]].removeprefix("void ").split("(")[0]
     pipes = " ".join(f"{n.split('_cycles')[0].replace('sm__pipe_tensor_op_', '')} {num(r, n):.1f}%" for n in tensor)
-    print(f"  {name + kind:58.58s} {us:9.1f} us  DRAM {num(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):5.1f}%"
+    print(f"  {kernel:58.58s} {us:9.1f} us  DRAM {num(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):5.1f}%"
           f"  SM {num(r, 'sm__throughput.avg.pct_of_peak_sustained_elapsed'):5.1f}%  {pipes}")
 print(f"  {'sum of the kernels alone':58s} {total:9.1f} us")
 # One JSON record per kernel (the keys of bench/records.py where they apply, and the kernel's).
