@@ -40,11 +40,16 @@ for c in "${cases[@]}"; do
   # The first forward's kernels (every kernel of the library is named sm90_*); the flush kernel
   # of the benchmark is left out by the flush size 0. Without the tensor-pipe metrics when this
   # ncu does not know them.
-  if ! MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k regex:^sm90_ -c 12 --metrics "$BASE_METRICS,$TENSOR_METRICS" \
-      -f -o "$rep" $B/megamoe "${args[@]}" --iters 1 > "$rep.ncu.log" 2>&1; then
-    MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k regex:^sm90_ -c 12 --metrics "$BASE_METRICS" \
-      -f -o "$rep" $B/megamoe "${args[@]}" --iters 1 >> "$rep.ncu.log" 2>&1 || { echo "$c: ncu failed"; tail -5 "$rep.ncu.log"; rc=1; continue; }
-  fi
+  : > "$rep.ncu.log"
+  profiled=0
+  for metrics in "$BASE_METRICS,$TENSOR_METRICS" "$BASE_METRICS"; do
+    if MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k regex:^sm90_ -c 12 --metrics "$metrics" -f -o "$rep" \
+        $B/megamoe "${args[@]}" --iters 1 >> "$rep.ncu.log" 2>&1; then
+      profiled=1
+      break
+    fi
+  done
+  [ $profiled = 1 ] || { echo "$c: ncu failed"; tail -5 "$rep.ncu.log"; rc=1; continue; }
   ncu -i "$rep.ncu-rep" --page raw --csv > "$rep.csv" 2>> "$rep.ncu.log"
   echo "== E K H I = $E $K $H $I, T = $T, $ACT, GEMM ${GEMM:-auto}; megamoe bench: ${ms:-(no line: $rep.bench.log)}"
   python3 - "$rep.csv" "$c" "$(cat $B/COMMIT)" "${ms:-}" "$OUT/kernels-$(date -u +%F).jsonl" <<'EOF' || rc=1
@@ -68,30 +73,26 @@ for r in data:
     if "combine" in r[col["Kernel Name"]]:
         break
 tensor = [n for n in tensor if any(num(r, n) > 0 for r in fwd)]
-total = 0.0
-for r in fwd:
-    us = num(r, "gpu__time_duration.sum") * to_us
-    total += us
-    kernel = r[col["Kernel Name"]].removeprefix("void ").split("(")[0]
-    pipes = " ".join(f"{n.split('_cycles')[0].replace('sm__pipe_tensor_op_', '')} {num(r, n):.1f}%" for n in tensor)
-    print(f"  {kernel:58.58s} {us:9.1f} us  DRAM {num(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'):5.1f}%"
-          f"  SM {num(r, 'sm__throughput.avg.pct_of_peak_sustained_elapsed'):5.1f}%  {pipes}")
-print(f"  {'sum of the kernels alone':58s} {total:9.1f} us")
 # One JSON record per kernel (the keys of bench/records.py where they apply, and the kernel's).
 fwd_ms = float(sys.argv[4].split()[1]) if sys.argv[4] else None
+date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+recs = [{
+    "shape": f"E={E} K={K} H={H} I={I}", "format": "bf16" if act == "w16" else "nvfp4",
+    "activations": None if act == "w16" else act, "T": int(T), "gemm": gemm[0] if gemm else "auto",
+    "forward_median_ms": fwd_ms, "order": i, "kernel": r[col["Kernel Name"]].removeprefix("void ").split("(")[0],
+    "us": num(r, "gpu__time_duration.sum") * to_us,
+    "dram_pct": num(r, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "sm_pct": num(r, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "tensor_pct": {n.split("_cycles")[0].replace("sm__pipe_tensor_op_", ""): num(r, n) for n in tensor},
+    "commit": sys.argv[3], "gpu": r[col["device__attribute_display_name"]], "date": date, "source": "ncu"}
+    for i, r in enumerate(fwd)]
+for k in recs:
+    pipes = " ".join(f"{n} {v:.1f}%" for n, v in k["tensor_pct"].items())
+    print(f"  {k['kernel']:58.58s} {k['us']:9.1f} us  DRAM {k['dram_pct']:5.1f}%  SM {k['sm_pct']:5.1f}%  {pipes}")
+print(f"  {'sum of the kernels alone':58s} {sum(k['us'] for k in recs):9.1f} us")
 with open(sys.argv[5], "a") as f:
-    for i, r in enumerate(fwd):
-        f.write(json.dumps({
-            "shape": f"E={E} K={K} H={H} I={I}", "format": "bf16" if act == "w16" else "nvfp4",
-            "activations": None if act == "w16" else act, "T": int(T), "gemm": gemm[0] if gemm else "auto",
-            "forward_median_ms": fwd_ms,
-            "order": i, "kernel": r[col["Kernel Name"]].removeprefix("void ").split("(")[0],
-            "us": num(r, "gpu__time_duration.sum") * to_us,
-            "dram_pct": num(r, "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
-            "sm_pct": num(r, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-            "tensor_pct": {n.split("_cycles")[0].replace("sm__pipe_tensor_op_", ""): num(r, n) for n in tensor},
-            "commit": sys.argv[3], "gpu": r[col["device__attribute_display_name"]],
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source": "ncu"}) + "\n")
+    for k in recs:
+        f.write(json.dumps(k) + "\n")
 EOF
   [ -n "${KEEP_REP:-}" ] || rm -f "$rep.ncu-rep"
   tar -czf "$OUT/kernels.tgz" -C "$OUTDIR" .
