@@ -18,8 +18,8 @@
 #               slots on the rolled loop), 8 (per-slot layout, unrolled) and 32 (grouped layout), and
 #               E 8 K 5 H 7168 I 2048 at T = 1 (3 splits of 37 / 37 / 38 on the unrolled loop)
 #     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32
-#               (COMPARE_TOKENS), bf16 and nvfp4 activations, A and B alternating per shape, ROUNDS
-#               (default 1) rounds
+#               (COMPARE_TOKENS), bf16 and nvfp4 activations, the staged builds (A, B, C, ...) in
+#               turn per shape, ROUNDS (default 1) rounds
 #     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1):
 #               SourceCounters (stall reasons per SASS line), WarpStateStats, MemoryWorkloadAnalysis,
 #               SpeedOfLight (SM frequency, DRAM throughput), ComputeWorkloadAnalysis (pipe use),

@@ -30,12 +30,11 @@
  * megamoe_layer_config.gemm_kernel forces one kernel for every phase (tests, benchmarks). The
  * streaming kernel runs one of five instantiations per phase (gemm_plan.h plan_stream_variant: the
  * grouped layout from 4 slots per expert, on 32-token chunks above 8, one block per SM more, the K
- * loop not unrolled). Every
- * choice is a function of the group's slot count and the shape only (never of R or of which rank
- * computes), so y is bitwise the same for any R and number of GPUs. One process knows S and launches
- * exactly the chosen kernel; with NCCL a rank knows only its own count, launches every kernel the
- * group's count may choose, and each kernel's blocks leave at once unless gemm_choice on the device
- * (from every rank's staged count) names it.
+ * loop not unrolled). Every choice is a function of the group's slot count and the shape only
+ * (never of R or of which rank computes), so y is bitwise the same for any R and number of GPUs. One
+ * process knows S and launches exactly the chosen kernel; with NCCL a rank knows only its own count,
+ * launches every kernel the group's count may choose, and each kernel's blocks leave at once unless
+ * gemm_choice on the device (from every rank's staged count) names it.
  */
 #include "gemm/fragments.cuh"
 #include "launch.h"
