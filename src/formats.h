@@ -67,12 +67,14 @@ MM_HD uint16_t mm_f32_to_bf16(float f) {
 
 /* ---- E2M1 (FP4) -------------------------------------------------------------------------------- */
 
-/* Code 0..15: bit 3 = sign, bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}. */
+/* Code 0..15: bit 3 = sign, bits 0-2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6}. Codes 2..7 are
+ * 2^(e-1) (1 + m/2), e = bits 1-2, m = bit 0, whose f32 bits are (c + 252) << 22 (e lands in the
+ * exponent, m in the top mantissa bit); code 1 is 0.5. Bit operations and selects only (no integer
+ * to float conversion): the GPU's quantizing epilogue decodes two values per lane and column. */
 MM_HD float mm_e2m1_to_f32(uint8_t code) {
-    /* The magnitude is 2^(e-1) * (1 + m/2) for e > 0 and m/2 for e == 0, e = bits 1-2, m = bit 0. */
-    uint32_t e = (code >> 1) & 3u, m = code & 1u;
-    float mag = e == 0 ? 0.5f * (float)m : (float)(1u << (e - 1)) * (1.0f + 0.5f * (float)m);
-    return (code & 8u) ? -mag : mag;
+    const uint32_t c = code & 7u;
+    const uint32_t mag = c >= 2u ? (c + 252u) << 22 : c == 1u ? 0x3F000000u : 0u;
+    return mm_f32_from_bits(mag | (uint32_t)(code & 8u) << 28);
 }
 
 /* Nearest E2M1 value, ties to the even code, |v| > 6 saturates; the sign bit is v's sign, also when
@@ -88,17 +90,14 @@ MM_HD uint8_t mm_e2m1_rn(float v) {
 
 /* ---- E4M3 (float8_e4m3fn) ---------------------------------------------------------------------- */
 
+/* 2^(e-7) (1 + m/8), e = bits 3-6, m = bits 0-2; e = 0 is subnormal, m 2^-9 = 2^-6 (1 + m/8) - 2^-6
+ * (exact); e = 15, m = 7 is NaN. */
 MM_HD float mm_e4m3_to_f32(uint8_t b) {
-    uint32_t e = (b >> 3) & 15u, m = b & 7u;
-    float mag;
-    if (e == 15u && m == 7u) {
-        mag = mm_f32_from_bits(0x7FC00000u);
-    } else if (e == 0u) {
-        mag = (float)m * (1.0f / 512.0f); /* subnormal: m * 2^-9 */
-    } else {
-        mag = mm_f32_from_bits(((e + 120u) << 23) | (m << 20)); /* 2^(e-7) * (1 + m/8) */
-    }
-    return (b & 0x80u) ? -mag : mag;
+    const uint32_t e = (b >> 3) & 15u, m = b & 7u, sign = (uint32_t)(b & 0x80u) << 24;
+    if (e == 15u && m == 7u) return mm_f32_from_bits(sign | 0x7FC00000u);
+    const float x = mm_f32_from_bits(((e == 0u ? 1u : e) + 120u) << 23 | m << 20);
+    const float mag = e == 0u ? mm_add(x, -0.015625f) : x;
+    return mm_f32_from_bits(mm_f32_bits(mag) | sign);
 }
 
 /* Round 0 <= y < 2^22 to the nearest integer, ties to even, in one f32 addition. */

@@ -53,6 +53,18 @@ static void test_e4m3_all_codes_round_trip(void **state) {
         }
         assert_int_equal(mm_e4m3_rn(v), b);
     }
+    /* Every code's f32 bits against the definition: (-1)^s 2^(e-7) (1 + m/8), subnormal m 2^-9, NaN
+     * the quiet NaN of the code's sign. */
+    for (int b = 0; b < 256; b++) {
+        const int e = (b >> 3) & 15, m = b & 7;
+        float want = e == 15 && m == 7 ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+        uint32_t got, ref;
+        if (b & 0x80) want = -want;
+        const float v = mm_e4m3_to_f32((uint8_t)b);
+        memcpy(&got, &v, 4);
+        memcpy(&ref, &want, 4);
+        if (got != ref) fail_msg("e4m3 0x%02x: bits 0x%08x, expected 0x%08x", b, got, ref);
+    }
     assert_true(mm_e4m3_to_f32(0x7E) == 448.0f);
     assert_true(mm_e4m3_to_f32(0x01) == ldexpf(1.0f, -9));
     assert_true(mm_e4m3_to_f32(0x08) == ldexpf(1.0f, -6));
