@@ -255,11 +255,11 @@ static void test_gemm_choice_rules(void **state) {
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 768), GEMM_WGMMA); /* short K */
-    /* NVFP4 with a short K: ws from MM_WS_SHORT_K_MIN_TOKENS (512) per expert. */
-    assert_int_equal(MM_WS_SHORT_K_MIN_TOKENS, 512);
-    assert_int_equal(gemm_choice(0, 512L * 128 - 1, 128, 1, 1, 768), GEMM_WGMMA);
-    assert_int_equal(gemm_choice(0, 512L * 128, 128, 1, 1, 768), GEMM_WS);
-    assert_int_equal(gemm_choice(0, 512L * 128, 128, 1, 0, 768), GEMM_WS);
+    /* NVFP4 with a short K: ws from MM_WS_SHORT_K_MIN_TOKENS (256) per expert. */
+    assert_int_equal(MM_WS_SHORT_K_MIN_TOKENS, 256);
+    assert_int_equal(gemm_choice(0, 256L * 128 - 1, 128, 1, 1, 768), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 256L * 128, 128, 1, 1, 768), GEMM_WS);
+    assert_int_equal(gemm_choice(0, 256L * 128, 128, 1, 0, 768), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 0, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 2, 0, 2048), GEMM_WS64); /* split: 64-token */
     assert_int_equal(gemm_choice(GEMM_STREAM, 5, 256, 4, 1, 2048), GEMM_STREAM);

@@ -85,7 +85,7 @@ enum {
  * a shorter K (Qwen3-like I = 768: the down projection's 12 K steps) only from
  * MM_WS_SHORT_K_MIN_TOKENS per expert, where its blocks outrun wgmma's. Measurements: DECISIONS. */
 #define MM_WS_MIN_TOKENS 64
-#define MM_WS_SHORT_K_MIN_TOKENS 512
+#define MM_WS_SHORT_K_MIN_TOKENS 256
 #define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
 /* The warp-specialized kernel's block order (item -> tile of the tile list, row block): groups of
  * MM_WS_GROUP tiles, and within a group every row block for each of the group's tiles in turn, so a
