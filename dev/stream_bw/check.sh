@@ -15,8 +15,9 @@
 #     bitwise   y of `megamoe run --backend cuda` from A (BASE) and B (this tree) compared byte for
 #               byte, both activation modes, on random NVFP4 layers made there (make_case.py):
 #               E 16 K 4 H 2304 I 1024 at T = 1 (gate/up in 4 splits of 9 K steps: half-used last
-#               slots on the rolled loop), 8 (per-slot layout, unrolled) and 32 (grouped layout), and
-#               E 8 K 5 H 7168 I 2048 at T = 1 (3 splits of 37 / 37 / 38 on the unrolled loop)
+#               slots on the rolled loop), 8 (per-slot layout, unrolled), 32 (grouped layout) and
+#               1100 (the ws kernel: 275 per expert at K 1024), and E 8 K 5 H 7168 I 2048 at T = 1 (3
+#               splits of 37 / 37 / 38 on the unrolled loop) and 600 (ws: 375 per expert)
 #     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32
 #               (COMPARE_TOKENS), bf16 and nvfp4 activations, the staged builds (A, B, C, ...) in
 #               turn per shape, ROUNDS (default 1) rounds
@@ -74,7 +75,7 @@ case ${1:-} in
 _bitwise)
   python3 -c 'import numpy' || { echo "bitwise: no numpy here"; exit 3; }
   fail=0
-  for c in "16 4 2304 1024:1 8 32" "8 5 7168 2048:1"; do
+  for c in "16 4 2304 1024:1 8 32 1100" "8 5 7168 2048:1 600"; do
     shape=${c%%:*} Ts=${c#*:}
     dir=$L/case_${shape// /_}
     python3 dev/stream_bw/make_case.py "$dir" $shape $Ts || exit 3
