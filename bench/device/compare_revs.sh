@@ -23,7 +23,8 @@ stage_rev() {
   local side=$1 rev=$2 src=build-revs/$1/src
   rm -rf "build-revs/$side" && mkdir -p "$src"
   git archive "$rev" | tar -x -C "$src"
-  cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON >/dev/null
+  cmake -S "$src" -B "build-revs/$side/build" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_CUDA=ON \
+    -DMEGAMOE_COMMIT="$(git rev-parse --short=12 "$rev")" >/dev/null
   cmake --build "build-revs/$side/build" -j "$(nproc)" --target megamoe_cli >/dev/null
   mkdir -p ".devbin/rev-$side"
   xz -T2 -1 -c "build-revs/$side/build/megamoe" > ".devbin/rev-$side/megamoe.xz"
