@@ -12,8 +12,9 @@
 #      RECORDS (earlier runs' record files to add to the table, space-separated).
 # Time on one H200 (2026-12-01): megamoe 75-90 s, Humming ~2 min (its first call per configuration
 # compiles for 25-40 s, ~90 s more for the three shapes cold; the compiled kernels are cached in
-# .whl/humming-cache and come back as $OUT/humming-cache.tgz: carry that tarball in .whl/ and untar
-# it there, as the unpacked cache is ~35 MB), PyTorch ~6 s. Humming runs with --isolate: a fault
+# .whl/humming-cache and come back as $OUT/humming-cache.tgz: carry that tarball as
+# .whl/humming-cache.tgz, unpacked there when the folder is missing; the unpacked cache is ~73 MB, over
+# a call's carry limit), PyTorch ~6 s. Humming runs with --isolate: a fault
 # inside it (seen at Qwen3-like T=512) loses that point only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +59,8 @@ if has megamoe; then
 fi
 
 if has humming; then # humming_moe.py installs the carried wheel when humming is not installed
+  # The JIT cache travels packed (unpacked it is over a call's carry limit).
+  if [ ! -d .whl/humming-cache ] && [ -f .whl/humming-cache.tgz ]; then tar xzf .whl/humming-cache.tgz -C .whl; fi
   if ls .whl/humming_kernels-*.whl > /dev/null 2>&1 || python3 -c 'import humming' 2> /dev/null; then
     HUMMING_CACHE_DIR=$PWD/.whl/humming-cache timeout 540 python3 bench/peers/humming_moe.py --isolate --shapes "$SHAPE_NAMES" \
       --tokens "$TOKENS" --iters 20 --json "$REC" 2>&1 | tee "$OUT/humming.log"
