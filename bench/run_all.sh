@@ -13,9 +13,9 @@
 # Time on one H200 (2026-12-01): megamoe 75-90 s, Humming ~2 min (its first call per configuration
 # compiles for 25-40 s, ~90 s more for the three shapes cold; the compiled kernels are cached in
 # .whl/humming-cache and come back as $OUT/humming-cache.tgz: carry that tarball as
-# .whl/humming-cache.tgz, unpacked there when the folder is missing; the unpacked cache is ~73 MB, over
-# a call's carry limit), PyTorch ~6 s. Humming runs with --isolate: a fault
-# inside it (seen at Qwen3-like T=512) loses that point only.
+# .whl/humming-cache.tgz, unpacked there when the folder is missing; the unpacked cache is ~73 MB,
+# over a call's carry limit), PyTorch ~6 s. Humming runs with --isolate: a fault inside it (seen at
+# Qwen3-like T=512) loses that point only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}

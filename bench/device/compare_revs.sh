@@ -8,6 +8,8 @@
 #          bash bench/device/compare_revs.sh stage-rev SIDE REV
 #          the same for one revision as .devbin/rev-SIDE, keeping the rest of .devbin (how
 #          dev/stream_bw/check.sh stage adds its base and further revisions beside its test binaries)
+#   there: bash bench/device/compare_revs.sh unpack
+#          unpacks each staged .devbin/rev-*/megamoe.xz not unpacked yet (bench does it too)
 #   there: bash bench/device/compare_revs.sh bench [TOKENS] [ROUNDS]
 #          every staged build's `megamoe bench` (each .devbin/rev-*/megamoe, or its megamoe.xz unpacked)
 #          on the three shapes, the builds in turn per shape, ROUNDS times (default 2); FORMATS
@@ -31,7 +33,18 @@ stage_rev() {
   echo "$rev $(git rev-parse --short "$rev")" > ".devbin/rev-$side/REV"
 }
 
+# Each staged build's megamoe.xz into megamoe, where that is not there yet.
+unpack_revs() {
+  local d
+  for d in .devbin/rev-?; do
+    if [ ! -x "$d/megamoe" ] && [ -f "$d/megamoe.xz" ]; then xz -dc "$d/megamoe.xz" > "$d/megamoe" && chmod +x "$d/megamoe"; fi
+  done
+}
+
 case ${1:-} in
+unpack)
+  unpack_revs
+  ;;
 stage-rev)
   [ $# -eq 3 ] || { echo "usage: $0 stage-rev SIDE REV" >&2; exit 2; }
   stage_rev "$2" "$3"
@@ -59,11 +72,10 @@ bench)
   : > "$log"
   tokens=${2:-1,8,32,128,512,2048,8192}
   rounds=${3:-2} # read before the shape loop's `set --` replaces the positional parameters
+  unpack_revs
   sides=()
   for d in .devbin/rev-?; do
-    s=${d#.devbin/rev-}
-    if [ ! -x "$d/megamoe" ] && [ -f "$d/megamoe.xz" ]; then xz -dc "$d/megamoe.xz" > "$d/megamoe" && chmod +x "$d/megamoe"; fi
-    [ -x "$d/megamoe" ] && sides+=("$s")
+    [ -x "$d/megamoe" ] && sides+=("${d#.devbin/rev-}")
   done
   [ "${sides[0]:-}" = a ] && [ ${#sides[@]} -ge 2 ] || { echo "compare_revs: no .devbin/rev-a and rev-b builds" >&2; exit 2; }
   acts=(default)
@@ -107,7 +119,7 @@ for (shape, fmt, T), v in sorted(rows.items()):
 PY
   ;;
 *)
-  echo "usage: $0 build REV_A REV_B [REV_C ...] | stage-rev SIDE REV (here) | bench [TOKENS] [ROUNDS] (there)" >&2
+  echo "usage: $0 build REV_A REV_B [REV_C ...] | stage-rev SIDE REV (here) | unpack | bench [TOKENS] [ROUNDS] (there)" >&2
   exit 2
   ;;
 esac

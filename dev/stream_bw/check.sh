@@ -64,9 +64,7 @@ B=.devbin
 # The two builds as compare_revs.sh expects them: A from the packed BASE, B from this staging.
 prepare_revs() {
   mkdir -p $B/rev-b && cp $B/megamoe $B/rev-b/ && echo "this tree $(cat $B/COMMIT)" > $B/rev-b/REV
-  if [ ! -x $B/rev-a/megamoe ] && [ -f $B/rev-a/megamoe.xz ]; then
-    xz -dc $B/rev-a/megamoe.xz > $B/rev-a/megamoe && chmod +x $B/rev-a/megamoe
-  fi
+  bash bench/device/compare_revs.sh unpack
   [ -x $B/rev-a/megamoe ]
 }
 
