@@ -61,7 +61,7 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
         if (chunked) l->route_chunks = region(&off, chunks * Er * 4);   /* [R*chunks, E_r] i32 */
         l->error = region(&off, 16);                        /* first bad id u64, count u32, late rank u32 */
         l->splitk_ws = region(&off, splitk * splitk_block); /* [entries] 32 KB f32 partial sums */
-        l->splitk_counters = region(&off, splitk * 4);      /* [entries] i32 arrivals */
+        l->splitk_counters = region(&off, (splitk + 2) * 4); /* [entries] i32 arrivals, ws walk's 2 */
         l->barrier = region(&off, (R + 1) * 8);             /* u64 epoch, [R] u64 arrival flags */
     }
     l->total = off;

@@ -56,7 +56,8 @@ typedef struct mm_buffer_layout {
                               /* expert): the chunk's slots routed there, then its first slot row    */
     uint64_t error;           /* u64 first bad (slot key << 32 | id), u32 count of bad ids           */
     uint64_t splitk_ws;       /* [MM_SPLITK_ENTRIES] x 32 KB f32 partial sums of split-K blocks     */
-    uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES] i32 arrivals per (row block, tile), self-reset  */
+    uint64_t splitk_counters; /* [MM_SPLITK_ENTRIES + 2] i32 arrivals per (row block, tile), then the */
+                              /* ws walking grid's next item and finished blocks; all self-reset    */
     uint64_t barrier;         /* u64 epoch, then [R] u64 arrival flags written by the peers (NCCL)  */
     int max_tiles;            /* E_r + ceil(R*T_max*K / MM_TILE_TOKENS)                               */
     int xg_rows;              /* slot rows xg holds: min(R, MM_GATHER_CAP) * T_max * K (0: none)      */
@@ -72,6 +73,7 @@ typedef struct mm_buffer_layout {
 #define MM_ROUTE_CHUNK 512
 #define MM_ROUTE_CHUNK_EXPERTS 1024
 #define MM_SPLITK_ENTRIES 2048 /* (row block, tile, split) partial sums a device buffer holds */
+#define MM_WS_COUNTERS MM_SPLITK_ENTRIES /* where splitk_counters holds the ws walking grid's two */
 
 enum { MM_TOKEN_LIVE = 0, MM_TOKEN_PADDING = 1, MM_TOKEN_POISONED = 2 };
 

@@ -154,7 +154,7 @@ static void test_layout_reserves_the_workspace(void **state) {
     mm_buffer_layout l;
     mm_buffer_layout_compute(64, 8, 7168, 1, 1, 2, 128, 2048, &l);
     assert_true(l.splitk_counters - l.splitk_ws >= (uint64_t)MM_SPLITK_ENTRIES * 128 * 64 * 4);
-    assert_true(l.barrier - l.splitk_counters >= (uint64_t)MM_SPLITK_ENTRIES * 4);
+    assert_true(l.barrier - l.splitk_counters >= (uint64_t)(MM_WS_COUNTERS + 2) * 4);
     /* The gathered gate/up input: a 16-bit row of H per slot row it holds, min(R, MM_GATHER_CAP) *
      * T_max * K of them (the scales are the routing's slot_scale, one per slot row of the rank). */
     const uint64_t rows = (uint64_t)(2 < MM_GATHER_CAP ? 2 : MM_GATHER_CAP) * 64 * 8;

@@ -43,7 +43,8 @@ __host__ __device__ constexpr int a_slot_bytes(bool nvfp4) { return nvfp4 ? A_SL
 __host__ __device__ constexpr int wgmma_smem_bytes(bool nvfp4) {
     return WG_STAGES * B_SLOT + WG_WARPS * WG_STAGES * GROUPS_PER_WARP * a_slot_bytes(nvfp4);
 }
-static_assert(MM_TILE_TOKENS * EPI_STAGE_ROW <= wgmma_smem_bytes(true) && MM_TILE_TOKENS * EPI_STAGE_ROW <= wgmma_smem_bytes(false),
+static_assert(MM_TILE_TOKENS * epi_stage_row<PHASE_DOWN>() <= wgmma_smem_bytes(true) &&
+                  MM_TILE_TOKENS * epi_stage_row<PHASE_DOWN>() <= wgmma_smem_bytes(false),
               "the staged tile fits the rings");
 
 

@@ -57,6 +57,25 @@ struct ws_cfg {
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
 
+/* The walking form (NVFP4) stages its epilogue in a tile of its own past the ring, so the producer
+ * fills the ring with the next item's steps meanwhile: gate/up's NTOK columns of 128 16-bit values;
+ * down's f32 columns (1 KB each) 64 at a time, in one or two passes (128 of them would leave the ring
+ * three stages). The one-item form stages in the ring. */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
+constexpr bool ws_own_tile() {
+    return LOOP && NVFP4;
+}
+template <int PHASE>
+constexpr int ws_tile_cols(int ntok) {
+    return PHASE == PHASE_DOWN ? 64 : ntok;
+}
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
+constexpr int ws_smem() {
+    return ws_cfg<NVFP4, NTOK>::smem +
+           (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() ? ws_tile_cols<PHASE>(NTOK) * epi_stage_row<PHASE>() : 0);
+}
+static_assert(ws_smem<PHASE_DOWN, true, 128, true>() + 4096 <= 227 * 1024, "the walking down's tile fits");
+
 /* A position in the stage ring: stage s, the parity of its current use, and whether the ring has
  * wrapped once (a producer waits for a stage's release only from its second use on). Carried step by
  * step, so no step divides by the stage count (a walking block's step count is a runtime value). */
@@ -93,14 +112,17 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
     return it;
 }
 
-/* One process (LOOP false): one block per item of the launch's tile bound (blockIdx.x, in ws_decode's
- * order); the host knows the count, so the bound is tight. NCCL (LOOP true): the host knows only a
- * bound sized for every rank at T_max and caps the grid at one block per SM; each block walks the
- * items of the tiles the device counted from blockIdx.x on, gridDim.x apart. Over a block's items
- * the ring's stages run on (the block's step, not the item's, picks the stage and the phase);
- * the column codes and scales are double-buffered, the producer writing an item's buffer once the
- * consumers' epilogue of the item two before has let it go (colfree). Blocks never wait for each
- * other. (A walking grid on one GPU is slower: DECISIONS.) */
+/* One block per item (LOOP false): blockIdx.x is the item of the launch's tile bound, in ws_decode's
+ * order (the host knows the count, so the bound is tight). The walking grid (LOOP true): one block
+ * per SM, each taking the rank's next non-empty item from a counter (the hardware's dynamic order
+ * kept: the items in flight stay consecutive, no block idles with items left). Under NCCL, where
+ * the host knows only a bound for every rank at T_max, and on one process for NVFP4 gate/up and,
+ * below MM_WS_DOWN_WALK_MAX_K, NVFP4 down, where the epilogue (staged in a tile of its own) then
+ * overlaps the next item's fill (DECISIONS). Over
+ * a block's items the ring's stages run on (the block's step, not the item's, picks the stage and
+ * the phase); the item number, column codes and scales are double-buffered, the producer writing an
+ * item's buffer once the consumers' epilogue of the item two before has let it go (colfree).
+ * Blocks never wait for each other. */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
@@ -115,6 +137,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages], colfree[NBUF];
     __shared__ int col_code[NBUF][NTOK];
     __shared__ float col_scale[NBUF][NTOK];
+    __shared__ int item_id[NBUF]; /* LOOP: the block's items in turn, taken from the rank's counter */
 
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
@@ -126,9 +149,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
     const int ntiles = min(tiles, num_tiles), nitems = nrb * ntiles;
     ws_item only = {0, 0, 0, 0}; /* LOOP false: the block's item */
-    if constexpr (LOOP) {
-        if ((int)blockIdx.x >= nitems) return;
-    } else {
+    if constexpr (!LOOP) {
         only = ws_decode<NTOK>(L, mine, (int)blockIdx.x, nrb, tiles, num_tiles);
         if (only.ncols == 0) return;
     }
@@ -157,12 +178,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     __syncthreads();
     const mm_dev_weights W = weights[blockIdx.z];
     int n = 0; /* items of this block so far (LOOP) */
-    /* Runs role(item) over the block's non-empty items, counting them. */
-    auto walk = [&](auto &&role) {
+    /* LOOP: the blocks take the rank's items in order from a counter (an atomic per item, so the
+     * items in flight stay consecutive and no block waits with work left); the last block to find
+     * none left resets it and its companion for the next launch. */
+    int *const next_item = (int *)(mine + L.splitk_counters) + MM_WS_COUNTERS, *const finished = next_item + 1;
+    /* Runs role(item) over the block's non-empty items, counting them; next() gives each in turn,
+     * ncols 0 at the end. */
+    auto walk = [&](auto &&next, auto &&role) {
         if constexpr (LOOP) {
-            for (int item = blockIdx.x; item < nitems; item += gridDim.x) {
-                const ws_item it = ws_decode<NTOK>(L, mine, item, nrb, ntiles, ntiles);
-                if (it.ncols == 0) continue;
+            for (;;) {
+                const ws_item it = next();
+                if (it.ncols == 0) break;
                 role(it);
                 n++;
             }
@@ -177,9 +203,37 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
         const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
         ws_ring_pos<C::stages> pos; /* runs on across the block's items */
-        walk([&](const ws_item &it) {
+        /* LOOP: thread 0 takes the next non-empty item for buffer n & 1 once the consumers let the
+         * buffer go; at the end the ring's next stage completes with no bytes (item -1), which is
+         * how the consumers learn it. */
+        auto next = [&]() -> ws_item {
+            const int buf = n & 1;
+            if (n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
+            if (t == 0) {
+                int id;
+                ws_item it;
+                do {
+                    id = atomicAdd(next_item, 1);
+                    it = id < nitems ? ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles) : ws_item{0, 0, 0, 0};
+                } while (id < nitems && it.ncols == 0);
+                item_id[buf] = id < nitems ? id : -1;
+            }
+            mm_bar_sync<2, 128>();
+            const int id = item_id[buf];
+            if (id >= 0) return ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles);
+            if (pos.lapped) mm_mbar_wait_parity(&empty[pos.s], pos.ph ^ 1u);
+            if (t == 0) {
+                mm_mbar_arrive(&full[pos.s]); /* in place of the expect_tx */
+                if (atomicAdd(finished, 1) == (int)gridDim.x - 1) {
+                    atomicExch(next_item, 0);
+                    atomicExch(finished, 0);
+                }
+            }
+            mm_mbar_arrive(&full[pos.s]);
+            return ws_item{0, 0, 0, 0};
+        };
+        walk(next, [&](const ws_item &it) {
             const int buf = LOOP ? n & 1 : 0;
-            if (LOOP && n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
             /* LOOP: the item's columns; the consumers read them after their wait on the stages'
              * `full`, on which every producer thread arrives after these stores. */
             if (LOOP && t < NTOK) fill_column(it, t, buf);
@@ -260,6 +314,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     constexpr bool promote = bf16_promote<PHASE, NVFP4>();
     float part[promote ? 32 : 1];
     ws_ring_pos<C::stages> pos; /* runs on across the block's items */
+    /* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
+    auto next = [&]() -> ws_item {
+        mm_mbar_wait_parity(&full[pos.s], pos.ph);
+        const int id = item_id[n & 1];
+        return id >= 0 ? ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles) : ws_item{0, 0, 0, 0};
+    };
     auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
         const int s = LOOP ? pos.s : kc % C::stages;
         mm_mbar_wait_parity(&full[s], LOOP ? pos.ph : (kc / C::stages) & 1);
@@ -314,10 +374,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[LOOP ? pos.back(1) : (kc - 1) % C::stages]);
         if (LOOP) pos.next();
     };
-    walk([&](const ws_item &it) {
+    walk(next, [&](const ws_item &it) {
         /* nkc is even (H and I are multiples of 256; the launcher checks). */
         a_regs a0, a1;
-        if constexpr (promote)
+        /* LOOP: zeroed per item as well, so the accumulators are dead once the compact epilogue has
+         * copied them (the wgmma's in-out operands would otherwise carry them through it: spills). */
+        if constexpr (promote || LOOP)
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
@@ -338,15 +400,45 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
              * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
-            static_assert(NTOK * EPI_STAGE_ROW <= C::stages * C::stage_bytes, "the staged tile fits the ring");
+            static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
             constexpr bool compact = PHASE == PHASE_GATE_UP && NVFP4; /* the compact loop: DECISIONS */
             staged_epilogue<PHASE, NVFP4, NTOK / 8, compact>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
                 it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
             return;
         }
-        gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
-                                              wgroup, col_code[buf], col_scale[buf], lane);
+        uint8_t *const tile = smem + C::stages * C::stage_bytes;
+        if constexpr (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && PHASE == PHASE_GATE_UP) {
+            /* W4A16: the unrolled loop (the compact one is slower there); NVFP4 activations: the
+             * compact one (their quantization unrolled does not fit beside the walk's state). */
+            if (sh.bf16_act)
+                staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
+                                                               wgroup, col_code[buf], col_scale[buf], lane, tile,
+                                                               it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
+            else
+                staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
+                                                              wgroup, col_code[buf], col_scale[buf], lane, tile,
+                                                              it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
+        } else if (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && sh.local_ranks == sh.R) {
+            /* Down, 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL
+             * the p rows go to other GPUs: scattered stores there, as before (bulk stores to a
+             * peer's memory not yet tried). */
+#pragma unroll
+            for (int h = 0; h < NTOK / 64; h++) {
+                if (64 * h >= it.ncols) break; /* uniform over the block */
+                float part[GROUPS_PER_WARP][32];
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                    for (int i = 0; i < 32; i++) part[q][i] = acc[q][32 * h + i];
+                staged_epilogue<PHASE, NVFP4, 8, false>(part, sh, L, peers, mine, W, it.e, it.first + 64 * h,
+                                                        min(64, it.ncols - 64 * h), wgroup, col_code[buf] + 64 * h,
+                                                        col_scale[buf] + 64 * h, lane, tile, it.rb, c * 128 + t,
+                                                        [] { mm_bar_sync<1, 256>(); });
+            }
+        } else
+            gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
+                                                  (it.ncols + 7) / 8, wgroup, col_code[buf], col_scale[buf], lane);
         if (LOOP) {
             __syncwarp();
             if (lane == 0) mm_mbar_arrive(&colfree[buf]);
@@ -380,11 +472,11 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
         if (st != MEGAMOE_OK) return st;
     }
     if (loop)
-        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s, sh,
-                              L, peers, weights, tiles, force, map, tma));
+        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_smem<PH, NV, NTOK, true>(),
+                              s, sh, L, peers, weights, tiles, force, map, tma));
     else
-        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS, ws_cfg<NV, NTOK>::smem, s,
-                              sh, L, peers, weights, tiles, force, map, tma));
+        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS, ws_smem<PH, NV, NTOK, false>(),
+                              s, sh, L, peers, weights, tiles, force, map, tma));
     return MEGAMOE_OK;
 }
 
@@ -407,11 +499,10 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
     /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
      * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
      * of thousands of blocks of 155 KB at decode that only read the count and leave (0.5 ms per
-     * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM, each walking
-     * the items the device counted. An odd stride, so a block does not see only one parity of
-     * tiles (the odd tiles are empty items). */
+     * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM (the largest odd count,
+     * as measured), each taking the items the device counted. */
     int blocks = (rows / MM_WS_ROWS) * tiles;
-    const bool loop = sh.local_ranks < sh.R;
+    const bool loop = sh.local_ranks < sh.R || (sh.nvfp4 && (phase == PHASE_GATE_UP || sh.I < MM_WS_DOWN_WALK_MAX_K));
     if (loop) {
         int sms = 0;
         MM_CUDA_TRY(mm_device_sms(&sms));
@@ -430,8 +521,10 @@ template <int PH, bool NV, int NTOK>
 static megamoe_status ws_prepare_one() {
     const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>,
                          (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true>};
-    for (const void *f : fs) {
-        MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_cfg<NV, NTOK>::smem));
+    const int smem[2] = {ws_smem<PH, NV, NTOK, false>(), ws_smem<PH, NV, NTOK, true>()};
+    for (int i = 0; i < 2; i++) {
+        const void *f = fs[i];
+        MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
         MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     }
     return MEGAMOE_OK;

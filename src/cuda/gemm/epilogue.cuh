@@ -29,9 +29,14 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * (an L2 flush evicts code too) and the finishers end microseconds after their sums, all at one
  * instant. */
 /* STAGED (the ws and wgmma kernels' one-item blocks): the values go to shared memory instead, column
- * col's row at `stage` + col * EPI_STAGE_ROW bytes (down: f32 of rows row0.., gate/up: 16-bit act of
+ * col's row at `stage` + col * epi_stage_row bytes (down: f32 of rows row0.., gate/up: 16-bit act of
  * intermediate indices row0..), for the block's bulk stores (staged_epilogue). */
-#define EPI_STAGE_ROW 1040 /* 256 f32 or 128 16-bit values + 16 B: a column's 8 lanes (c) on other banks */
+/* Bytes per staged column: down 256 f32, gate/up 128 16-bit values, + 16 B so that a warp's stores
+ * (four columns 2 apart, 16 B each) fall on other banks. */
+template <int PHASE>
+constexpr int epi_stage_row() {
+    return PHASE == PHASE_DOWN ? 256 * 4 + 16 : 128 * 2 + 16;
+}
 template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false, bool STAGED = false>
 __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
                                               const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
@@ -55,7 +60,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
             float *row;
             int h0 = 0;
             if constexpr (STAGED) {
-                row = (float *)(stage + col * EPI_STAGE_ROW);
+                row = (float *)(stage + col * epi_stage_row<PHASE>());
                 h0 = row0;
             } else {
                 const slot_info si = decode_slot(sh, col_code[col]);
@@ -137,7 +142,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
             if (col < ncols)
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {
                     if constexpr (STAGED)
-                        ((uint16_t *)(stage + col * EPI_STAGE_ROW))[i_base + q * 8 + g - row0] = out[q];
+                        ((uint16_t *)(stage + col * epi_stage_row<PHASE>()))[i_base + q * 8 + g - row0] = out[q];
                     else
                         act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
                 }
@@ -178,7 +183,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
 
 /* A one-item block's epilogue through shared memory (the ws and wgmma kernels): once sync() has
  * passed (every wgmma of the block retired, so its rings are free), the warps write their values
- * into `stage` (gemm_epilogue STAGED: rows of EPI_STAGE_ROW bytes per token column of the block's 256
+ * into `stage` (gemm_epilogue STAGED: rows of epi_stage_row bytes per token column of the block's 256
  * rows, row block rb), fence them for the async proxy, and after a second sync() thread ct < ncols
  * sends token column ct's row with one bulk store -- 1 KB of f32 p (down) or 256 B of act (gate/up) --
  * instead of one 4- or 2-byte scattered store per value, each down value with its own slot decode
@@ -207,7 +212,7 @@ __device__ __forceinline__ void staged_epilogue(const float (&acc)[GROUPS_PER_WA
         dst = mine + L.act + ((size_t)(first + ct) * sh.I + row0) * 2;
         bytes = 128 * 2;
     }
-    mm_bulk_store(dst, stage + ct * EPI_STAGE_ROW, bytes);
+    mm_bulk_store(dst, stage + ct * epi_stage_row<PHASE>(), bytes);
     mm_bulk_store_drain();
 }
 
