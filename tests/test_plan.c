@@ -251,14 +251,13 @@ static void test_gemm_choice_rules(void **state) {
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 8, 8, 1, 1, 4096), GEMM_WS);
     assert_int_equal(gemm_choice(0, 8L * 8, 8, 1, 1, 4096), GEMM_STREAM);
     assert_int_equal(gemm_choice(0, (long)MM_STREAM_MAX_AVG * 8, 8, 1, 1, 4096), GEMM_STREAM);
-    /* The warp-specialized kernel from MM_WS_MIN_TOKENS per expert (NVFP4: min(H, I) >= 2048; BF16: unsplit only). */
+    /* The warp-specialized kernel from MM_WS_MIN_TOKENS per expert (NVFP4 at any K; BF16: unsplit only). */
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256 - 1, 256, 1, 1, 2048), GEMM_WGMMA);
-    assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 1, 768), GEMM_WGMMA); /* short K */
-    /* NVFP4 with a short K: ws from MM_WS_SHORT_K_MIN_TOKENS (256) per expert. */
-    assert_int_equal(MM_WS_SHORT_K_MIN_TOKENS, 256);
-    assert_int_equal(gemm_choice(0, 256L * 128 - 1, 128, 1, 1, 768), GEMM_WGMMA);
-    assert_int_equal(gemm_choice(0, 256L * 128, 128, 1, 1, 768), GEMM_WS);
+    /* NVFP4 with a short K (Qwen3-like I = 768): ws from MM_WS_MIN_TOKENS (64) per expert as well. */
+    assert_int_equal(MM_WS_MIN_TOKENS, 64);
+    assert_int_equal(gemm_choice(0, 64L * 128 - 1, 128, 1, 1, 768), GEMM_WGMMA);
+    assert_int_equal(gemm_choice(0, 64L * 128, 128, 1, 1, 768), GEMM_WS);
     assert_int_equal(gemm_choice(0, 256L * 128, 128, 1, 0, 768), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 1, 0, 2048), GEMM_WS);
     assert_int_equal(gemm_choice(0, (long)MM_WS_MIN_TOKENS * 256, 256, 2, 0, 2048), GEMM_WS64); /* split: 64-token */

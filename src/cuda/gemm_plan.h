@@ -81,11 +81,10 @@ enum {
     GEMM_WS64 = MEGAMOE_GEMM_WS64
 };
 /* The warp-specialized kernel (sm90_expert_ws.cu, blocks of 256 rows x 128 tokens) from this many
- * tokens per expert on average; for NVFP4 when both K are long (min_k = min(H, I) >= 2048), and with
- * a shorter K (Qwen3-like I = 768: the down projection's 12 K steps) only from
- * MM_WS_SHORT_K_MIN_TOKENS per expert, where its blocks outrun wgmma's. Measurements: DECISIONS. */
+ * tokens per expert on average: NVFP4 at any K (with a short K, Qwen3-like I = 768, from the walking
+ * grid on: its one-item blocks lost to wgmma there below 256 per expert), BF16 when K is not split.
+ * Measurements: DECISIONS. */
 #define MM_WS_MIN_TOKENS 64
-#define MM_WS_SHORT_K_MIN_TOKENS 256
 #define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
 /* On one process the NVFP4 ws down projection walks (one block per SM taking items from a counter)
  * when its K (= I) is below this: its items are short there (Qwen3-like I = 768: 12 K steps), so
@@ -111,14 +110,12 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
 MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, int min_k) {
     if (force == GEMM_MMA || force == GEMM_WGMMA || force == GEMM_WS || force == GEMM_WS64) return force;
     if (force == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
-    if (slots >= (long)MM_WS_MIN_TOKENS * E &&
-        (nvfp4 ? min_k >= 2048 || slots >= (long)MM_WS_SHORT_K_MIN_TOKENS * E : splits == 1))
-        return GEMM_WS;
+    if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 || splits == 1)) return GEMM_WS;
     /* NVFP4: streaming up to MM_STREAM_MAX_AVG tokens per expert on average (where it beats wgmma:
      * DECISIONS). */
     if (nvfp4) {
         if (slots <= (long)MM_STREAM_MAX_AVG * E) return GEMM_STREAM;
-        return min_k >= 4096 && slots > 16L * E ? GEMM_WS64 : GEMM_WGMMA;
+        return min_k >= 4096 ? GEMM_WS64 : GEMM_WGMMA;
     }
     return slots >= 4L * E ? GEMM_WS64 : GEMM_MMA;
 }
