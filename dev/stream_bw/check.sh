@@ -19,7 +19,8 @@
 #               1100 (the ws kernel: 275 per expert at K 1024), and E 8 K 5 H 7168 I 2048 at T = 1 (3
 #               splits of 37 / 37 / 38 on the unrolled loop) and 600 (ws: 375 per expert)
 #     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32
-#               (COMPARE_TOKENS; COMPARE_SHAPES "E K H I;..." for others), bf16 and nvfp4 activations, the staged builds (A, B, C, ...) in
+#               (COMPARE_TOKENS; COMPARE_SHAPES "E K H I;..." for others), bf16 and nvfp4 activations
+#               (ACTIVATIONS; FORMATS, default nvfp4, as compare_revs.sh takes them), the staged builds (A, B, C, ...) in
 #               turn per shape, ROUNDS (default 1) rounds
 #     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1):
 #               SourceCounters (stall reasons per SASS line), WarpStateStats, MemoryWorkloadAnalysis,
@@ -165,7 +166,7 @@ for part in "${parts[@]}"; do
   compare)
     if [ $revs_ok = 1 ]; then
       step compare $((100 * ${ROUNDS:-1})) env OUT="$L" SHAPES_ONLY="${COMPARE_SHAPES:-256 8 7168 2048;8 2 4096 14336;128 8 2048 768}" \
-        ACTIVATIONS="bf16 nvfp4" bash bench/device/compare_revs.sh bench "${COMPARE_TOKENS:-1,8,32}" "${ROUNDS:-1}"
+        ACTIVATIONS="${ACTIVATIONS:-bf16 nvfp4}" bash bench/device/compare_revs.sh bench "${COMPARE_TOKENS:-1,8,32}" "${ROUNDS:-1}"
       [ -f "$L/compare.log" ] && sed -n '/^A = /,$p' "$L/compare.log"
     else
       echo "compare: NOT RUN (no .devbin/rev-a/megamoe: stage with this script)"
