@@ -224,6 +224,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             if (pos.lapped) mm_mbar_wait_parity(&empty[pos.s], pos.ph ^ 1u);
             if (t == 0) {
                 mm_mbar_arrive(&full[pos.s]); /* in place of the expect_tx */
+                /* Every block's last add on next_item returned (its value ended the loop) before
+                 * its add on finished was issued, so the reset follows every add of this launch;
+                 * the next kernel on these counters reads them after griddepcontrol.wait (this
+                 * grid complete). */
                 if (atomicAdd(finished, 1) == (int)gridDim.x - 1) {
                     atomicExch(next_item, 0);
                     atomicExch(finished, 0);
