@@ -61,6 +61,11 @@ struct ws_cfg {
  * fills the ring with the next item's steps meanwhile: gate/up's NTOK columns of 128 16-bit values;
  * down's f32 columns (1 KB each) 64 at a time, in one or two passes (128 of them would leave the ring
  * three stages). The one-item form stages in the ring. */
+/* On one process NVFP4 gate/up always walks (sm90_expert_ws_launch), so its one-item form is not built. */
+template <int PHASE, bool NVFP4>
+constexpr bool ws_one_item_built() {
+    return !(PHASE == PHASE_GATE_UP && NVFP4);
+}
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 constexpr bool ws_own_tile() {
     return LOOP && NVFP4;
@@ -405,8 +410,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
             static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            constexpr bool compact = PHASE == PHASE_GATE_UP && NVFP4; /* the compact loop: DECISIONS */
-            staged_epilogue<PHASE, NVFP4, NTOK / 8, compact>(
+            static_assert(ws_one_item_built<PHASE, NVFP4>(), "NVFP4 gate/up walks");
+            staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
                 it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
             return;
@@ -475,12 +480,15 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
                                                    : tile_map_16bit(&map, base0 + L.xg, (uint64_t)L.xg_rows, sh.H, NTOK);
         if (st != MEGAMOE_OK) return st;
     }
-    if (loop)
-        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_smem<PH, NV, NTOK, true>(),
-                              s, sh, L, peers, weights, tiles, force, map, tma));
-    else
-        MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS, ws_smem<PH, NV, NTOK, false>(),
-                              s, sh, L, peers, weights, tiles, force, map, tma));
+    if constexpr (ws_one_item_built<PH, NV>()) {
+        if (!loop) {
+            MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS,
+                                  ws_smem<PH, NV, NTOK, false>(), s, sh, L, peers, weights, tiles, force, map, tma));
+            return MEGAMOE_OK;
+        }
+    }
+    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_smem<PH, NV, NTOK, true>(), s,
+                          sh, L, peers, weights, tiles, force, map, tma));
     return MEGAMOE_OK;
 }
 
@@ -504,7 +512,8 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
      * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
      * of thousands of blocks of 155 KB at decode that only read the count and leave (0.5 ms per
      * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM (the largest odd count,
-     * as measured), each taking the items the device counted. */
+     * as measured), each taking the items the device counted. On one process too for NVFP4 gate/up
+     * (always: ws_one_item_built) and NVFP4 down below MM_WS_DOWN_WALK_MAX_K (DECISIONS 55). */
     int blocks = (rows / MM_WS_ROWS) * tiles;
     const bool loop = sh.local_ranks < sh.R || (sh.nvfp4 && (phase == PHASE_GATE_UP || sh.I < MM_WS_DOWN_WALK_MAX_K));
     if (loop) {
@@ -523,10 +532,10 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
 
 template <int PH, bool NV, int NTOK>
 static megamoe_status ws_prepare_one() {
-    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>,
-                         (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true>};
-    const int smem[2] = {ws_smem<PH, NV, NTOK, false>(), ws_smem<PH, NV, NTOK, true>()};
-    for (int i = 0; i < 2; i++) {
+    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true>, nullptr};
+    const int smem[2] = {ws_smem<PH, NV, NTOK, true>(), ws_smem<PH, NV, NTOK, false>()};
+    if constexpr (ws_one_item_built<PH, NV>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>;
+    for (int i = 0; i < 2 && fs[i]; i++) {
         const void *f = fs[i];
         MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
         MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
