@@ -57,15 +57,15 @@ struct ws_cfg {
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
 
-/* The walking form (NVFP4) stages its epilogue in a tile of its own past the ring, so the producer
- * fills the ring with the next item's steps meanwhile: gate/up's NTOK columns of 128 16-bit values;
- * down's f32 columns (1 KB each) 64 at a time, in one or two passes (128 of them would leave the ring
- * three stages). The one-item form stages in the ring. */
 /* On one process NVFP4 gate/up always walks (sm90_expert_ws_launch), so its one-item form is not built. */
 template <int PHASE, bool NVFP4>
 constexpr bool ws_one_item_built() {
     return !(PHASE == PHASE_GATE_UP && NVFP4);
 }
+/* The walking form (NVFP4) stages its epilogue in a tile of its own past the ring, so the producer
+ * fills the ring with the next item's steps meanwhile: gate/up's NTOK columns of 128 16-bit values;
+ * down's f32 columns (1 KB each) 64 at a time, in one or two passes (128 of them would leave the ring
+ * three stages). The one-item form stages in the ring. */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 constexpr bool ws_own_tile() {
     return LOOP && NVFP4;
