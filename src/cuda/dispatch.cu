@@ -22,7 +22,7 @@
  *   NVFP4   n <= 16                              streaming   (sm90_expert_stream.cu)    plan_stream_splits
  *   NVFP4   16 < n < 64, min_k >= 4096           ws64        (sm90_expert_ws.cu, N 64)  none
  *   NVFP4   16 < n, otherwise below ws           wgmma       (sm90_expert_wgmma.cu)     plan_wgmma_splits
- *   NVFP4   n >= 64 if min_k >= 2048, else 512   ws          (sm90_expert_ws.cu, N 128) none
+ *   NVFP4   n >= 64                              ws          (sm90_expert_ws.cu, N 128) none
  *   BF16    n < 4                                mma.sync    (sm90_expert_mma.cu)       plan_splitk
  *   BF16    n >= 4 (n >= 64 with a split planned) ws64                                  none
  *   BF16    n >= 64, no split planned            ws                                     none

@@ -123,11 +123,10 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * kept: the items in flight stay consecutive, no block idles with items left). Under NCCL, where
  * the host knows only a bound for every rank at T_max, and on one process for NVFP4 gate/up and,
  * below MM_WS_DOWN_WALK_MAX_K, NVFP4 down, where the epilogue (staged in a tile of its own) then
- * overlaps the next item's fill (DECISIONS). Over
- * a block's items the ring's stages run on (the block's step, not the item's, picks the stage and
- * the phase); the item number, column codes and scales are double-buffered, the producer writing an
- * item's buffer once the consumers' epilogue of the item two before has let it go (colfree).
- * Blocks never wait for each other. */
+ * overlaps the next item's fill (DECISIONS). Over a block's items the ring's stages run on (the
+ * block's step, not the item's, picks the stage and the phase); the item number, column codes and
+ * scales are double-buffered, the producer writing an item's buffer once the consumers' epilogue of
+ * the item two before has let it go (colfree). Blocks never wait for each other. */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
