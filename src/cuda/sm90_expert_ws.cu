@@ -57,29 +57,33 @@ struct ws_cfg {
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
 
-/* On one process NVFP4 gate/up always walks (sm90_expert_ws_launch), so its one-item form is not built. */
+/* Gate/up always walks (sm90_expert_ws_launch), so its one-item form is not built. */
 template <int PHASE, bool NVFP4>
 constexpr bool ws_one_item_built() {
-    return !(PHASE == PHASE_GATE_UP && NVFP4);
+    return PHASE != PHASE_GATE_UP;
 }
-/* The walking form (NVFP4) stages its epilogue in a tile of its own past the ring, so the producer
- * fills the ring with the next item's steps meanwhile: gate/up's NTOK columns of 128 16-bit values;
- * down's f32 columns (1 KB each) 64 at a time, in one or two passes (128 of them would leave the ring
- * three stages). The one-item form stages in the ring. */
+/* The walking form stages its epilogue in a tile of its own past the ring, so the producer fills the
+ * ring with the next item's steps meanwhile: NVFP4 gate/up's NTOK columns of 128 16-bit values; the
+ * other phases 64 columns a pass, in one or two passes (down's f32 columns are 1 KB each: 128 of them
+ * would leave the ring three stages; BF16's ring leaves no more room). BF16 down walks (NCCL) with
+ * scattered stores: its ring leaves no room for a tile. The one-item form stages in the ring. */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 constexpr bool ws_own_tile() {
-    return LOOP && NVFP4;
+    return LOOP && (NVFP4 || PHASE == PHASE_GATE_UP);
 }
-template <int PHASE>
+template <int PHASE, bool NVFP4>
 constexpr int ws_tile_cols(int ntok) {
-    return PHASE == PHASE_DOWN ? 64 : ntok;
+    return PHASE == PHASE_GATE_UP && NVFP4 ? ntok : 64;
 }
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 constexpr int ws_smem() {
     return ws_cfg<NVFP4, NTOK>::smem +
-           (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() ? ws_tile_cols<PHASE>(NTOK) * epi_stage_row<PHASE>() : 0);
+           (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() ? ws_tile_cols<PHASE, NVFP4>(NTOK) * epi_stage_row<PHASE>() : 0);
 }
 static_assert(ws_smem<PHASE_DOWN, true, 128, true>() + 4096 <= 227 * 1024, "the walking down's tile fits");
+static_assert(ws_smem<PHASE_GATE_UP, false, 128, true>() + 4096 <= 227 * 1024 &&
+                  ws_smem<PHASE_GATE_UP, false, 64, true>() + 4096 <= 227 * 1024,
+              "the walking BF16 gate/up's tile fits");
 
 /* A position in the stage ring: stage s, the parity of its current use, and whether the ring has
  * wrapped once (a producer waits for a stage's release only from its second use on). Carried step by
@@ -121,12 +125,12 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * order (the host knows the count, so the bound is tight). The walking grid (LOOP true): one block
  * per SM, each taking the rank's next non-empty item from a counter (the hardware's dynamic order
  * kept: the items in flight stay consecutive, no block idles with items left). Under NCCL, where
- * the host knows only a bound for every rank at T_max, and on one process for NVFP4 gate/up and,
- * below MM_WS_DOWN_WALK_MAX_K, NVFP4 down, where the epilogue (staged in a tile of its own) then
- * overlaps the next item's fill (DECISIONS). Over a block's items the ring's stages run on (the
- * block's step, not the item's, picks the stage and the phase); the item number, column codes and
- * scales are double-buffered, the producer writing an item's buffer once the consumers' epilogue of
- * the item two before has let it go (colfree). Blocks never wait for each other. */
+ * the host knows only a bound for every rank at T_max, and on one process for gate/up and, below
+ * MM_WS_DOWN_WALK_MAX_K, NVFP4 down, where the epilogue (staged in a tile of its own) then overlaps
+ * the next item's fill (DECISIONS). Over a block's items the ring's stages run on (the block's step,
+ * not the item's, picks the stage and the phase); the item number, column codes and scales are
+ * double-buffered, the producer writing an item's buffer once the consumers' epilogue of the item
+ * two before has let it go (colfree). Blocks never wait for each other. */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
@@ -409,14 +413,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
             static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            static_assert(ws_one_item_built<PHASE, NVFP4>(), "NVFP4 gate/up walks");
+            static_assert(ws_one_item_built<PHASE, NVFP4>(), "gate/up walks");
             staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
                 it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
             return;
         }
         uint8_t *const tile = smem + C::stages * C::stage_bytes;
-        if constexpr (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && PHASE == PHASE_GATE_UP) {
+        if constexpr (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && PHASE == PHASE_GATE_UP && NVFP4) {
             /* W4A16: the unrolled loop (the compact one is slower there); NVFP4 activations: the
              * compact one (their quantization unrolled does not fit beside the walk's state). */
             if (sh.bf16_act)
@@ -427,10 +431,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
                                                               wgroup, col_code[buf], col_scale[buf], lane, tile,
                                                               it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
-        } else if (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && sh.local_ranks == sh.R) {
-            /* Down, 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL
-             * the p rows go to other GPUs: scattered stores there, as before (bulk stores to a
-             * peer's memory not yet tried). */
+        } else if (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && (PHASE == PHASE_GATE_UP || sh.local_ranks == sh.R)) {
+            /* 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL down's
+             * p rows go to other GPUs: scattered stores there, as before (bulk stores to a peer's
+             * memory not yet tried). */
 #pragma unroll
             for (int h = 0; h < NTOK / 64; h++) {
                 if (64 * h >= it.ncols) break; /* uniform over the block */
@@ -511,10 +515,10 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
      * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
      * of thousands of blocks of 155 KB at decode that only read the count and leave (0.5 ms per
      * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM (the largest odd count,
-     * as measured), each taking the items the device counted. On one process too for NVFP4 gate/up
-     * (always: ws_one_item_built) and NVFP4 down below MM_WS_DOWN_WALK_MAX_K (DECISIONS 55). */
+     * as measured), each taking the items the device counted. On one process too for gate/up (always:
+     * ws_one_item_built) and NVFP4 down below MM_WS_DOWN_WALK_MAX_K (DECISIONS 55). */
     int blocks = (rows / MM_WS_ROWS) * tiles;
-    const bool loop = sh.local_ranks < sh.R || (sh.nvfp4 && (phase == PHASE_GATE_UP || sh.I < MM_WS_DOWN_WALK_MAX_K));
+    const bool loop = sh.local_ranks < sh.R || phase == PHASE_GATE_UP || (sh.nvfp4 && sh.I < MM_WS_DOWN_WALK_MAX_K);
     if (loop) {
         int sms = 0;
         MM_CUDA_TRY(mm_device_sms(&sms));
