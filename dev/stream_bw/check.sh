@@ -22,7 +22,9 @@
 #               (COMPARE_TOKENS; COMPARE_SHAPES "E K H I;..." for others), bf16 and nvfp4 activations
 #               (ACTIVATIONS; FORMATS, default nvfp4, as compare_revs.sh takes them), the staged builds (A, B, C, ...) in
 #               turn per shape, ROUNDS (default 1) rounds
-#     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1):
+#     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1;
+#               NCU_ARGS replaces the bench arguments, e.g. "--experts 128 --top-k 8 --hidden 2048
+#               --inter 768 --tokens 1 --activations nvfp4"):
 #               SourceCounters (stall reasons per SASS line), WarpStateStats, MemoryWorkloadAnalysis,
 #               SpeedOfLight (SM frequency, DRAM throughput), ComputeWorkloadAnalysis (pipe use),
 #               exported as text: --page details and --page source --print-source sass --csv
@@ -98,8 +100,8 @@ _ncu)
     MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k regex:expert_stream -c 2 \
       --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis \
       --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight --section ComputeWorkloadAnalysis \
-      --import-source no -f -o "$rep" $B/rev-$side/megamoe bench --backend cuda --experts 256 --top-k 8 \
-      --hidden 7168 --inter 2048 --tokens 8 --iters 1 > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
+      --import-source no -f -o "$rep" $B/rev-$side/megamoe bench --backend cuda \
+      ${NCU_ARGS:---experts 256 --top-k 8 --hidden 7168 --inter 2048 --tokens 8} --iters 1 > "$rep.log" 2>&1 || { tail -5 "$rep.log"; exit 1; }
     ncu -i "$rep.ncu-rep" --page details > "${rep}_details.txt" 2>&1
     ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > "${rep}_sass.csv" 2>&1
     [ -n "${KEEP_REP:-}" ] || rm -f "$rep.ncu-rep"
