@@ -181,20 +181,8 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
         const uint8_t *sfs = (PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf) + unit0 * 64;
         for (int chunk = 0; chunk * lay::cols < ncols; chunk++) {
             const int nc = min(lay::cols, ncols - chunk * lay::cols), row0 = first + chunk * lay::cols;
-            /* Lane t < nc: token t's activation row, slot code and (gate/up) activation scale. */
+            /* Lane t < nc: token t's activation row (set with the chunk's first slot). */
             const uint8_t *xsrc = NULL;
-            int code = -1;
-            float scale = 1.0f;
-            /* W4A16's down scale (the act row's power of two) is sm90_act_f16's output, which lets
-             * this kernel in before it ends: read only after the wait. */
-            if (PHASE == PHASE_DOWN && sh.bf16_act && n == 0) st_wait_for_inputs<PHASE>();
-            if (lane < nc) {
-                const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
-                slot_info si;
-                code = tile_column<PHASE, true>(sh, L, peers, mine, gth, sh.first_rank + r, row0, nc, lane, &si, &scale);
-                xsrc = PHASE == PHASE_DOWN ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
-                                           : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
-            }
             for (int kc = kc0; kc < kc1; kc += lay::steps, n++) {
                 const int slot = n % S;
                 const int ks = min(lay::steps, kc1 - kc); /* K steps in this slot */
@@ -213,8 +201,32 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                 wait_free(n);
                 if (XG && xsteps > lay::steps) wait_free(n + (xsteps - 1) / lay::steps);
                 uint8_t *dst = lay::w(ring, slot);
-                const uint32_t bytes = ks * (ST_CODES + ST_SCALES) + nc * 128 * xsteps;
+                const uint32_t wbytes = ks * (ST_CODES + ST_SCALES), xbytes = nc * 128 * xsteps;
+                auto copy_weights = [&] {
+                    mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ks * ST_CODES, &full[slot]);
+                    mm_bulk_copy(dst + lay::sf(0), sfs + (size_t)kc * ST_SCALES, ks * ST_SCALES, &full[slot]);
+                };
                 if (kc == kc0) {
+                    /* The slab's weights need only the item's expert: they are on their way before
+                     * the chunk's columns are read (and, for W4A16's down, before sm90_act_f16 has
+                     * ended); the slot's one arrive follows the header. */
+                    if (lane == 0) {
+                        mm_mbar_add_tx(&full[slot], wbytes);
+                        copy_weights();
+                    }
+                    /* W4A16's down scale (the act row's power of two) is sm90_act_f16's output, which
+                     * lets this kernel in before it ends: read only after the wait. */
+                    if (PHASE == PHASE_DOWN && sh.bf16_act && n == 0) st_wait_for_inputs<PHASE>();
+                    int code = -1;
+                    float scale = 1.0f;
+                    if (lane < nc) {
+                        const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+                        slot_info si;
+                        code = tile_column<PHASE, true>(sh, L, peers, mine, gth, sh.first_rank + r, row0, nc, lane, &si,
+                                                        &scale);
+                        xsrc = PHASE == PHASE_DOWN ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
+                                                   : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
+                    }
                     if (lane < lay::cols) {
                         *(int *)lay::meta(ring, slot, lane) = code;
                         *(float *)(lay::meta(ring, slot, lane) + 4) = scale;
@@ -222,11 +234,10 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     if (lane == 0)
                         hdr[slot] = {kc1 - kc0, nc, row0, e, y, split, r, tile << 9 | chunk << 7 | ncols};
                     __syncwarp(); /* the header is written before lane 0 arrives (release) */
-                }
-                if (lane == 0) {
-                    mm_mbar_expect_tx(&full[slot], bytes);
-                    mm_bulk_copy(dst, codes + (size_t)kc * ST_CODES, ks * ST_CODES, &full[slot]);
-                    mm_bulk_copy(dst + lay::sf(0), sfs + (size_t)kc * ST_SCALES, ks * ST_SCALES, &full[slot]);
+                    if (lane == 0) mm_mbar_expect_tx(&full[slot], xbytes);
+                } else if (lane == 0) {
+                    mm_mbar_expect_tx(&full[slot], wbytes + xbytes);
+                    copy_weights();
                 }
                 /* The token rows are the previous kernel's output: wait before the first copy of
                  * them, after the first weights are on their way (W4A16's down waited above, before

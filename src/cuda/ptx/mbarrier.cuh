@@ -21,6 +21,11 @@ __device__ __forceinline__ void mm_mbar_init_fence() {
 __device__ __forceinline__ void mm_mbar_expect_tx(uint64_t *b, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(bytes) : "memory");
 }
+/* Expects `bytes` more of asynchronous copies without arriving (the arrive comes later, e.g. once
+ * what the copies' consumers need besides them is written). */
+__device__ __forceinline__ void mm_mbar_add_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(mm_smem_u32(b)), "r"(bytes) : "memory");
+}
 /* The arrive and the parity wait also take the barrier's shared address (b = mm_smem_u32(barrier)). */
 __device__ __forceinline__ void mm_mbar_arrive(uint32_t b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(b) : "memory");
