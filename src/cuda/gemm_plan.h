@@ -89,7 +89,7 @@ enum {
 /* On one process the NVFP4 ws down projection walks (one block per SM taking items from a counter)
  * when its K (= I) is below this: its items are short there (Qwen3-like I = 768: 12 K steps), so
  * their fill and epilogue weigh most; at Mixtral-like I = 14336 the walk lost. Gate/up always walks
- * (NVFP4). Measurements: DECISIONS. */
+ * (NVFP4 and BF16). Measurements: DECISIONS. */
 #define MM_WS_DOWN_WALK_MAX_K 2048
 /* The warp-specialized kernel's block order (item -> tile of the tile list, row block): groups of
  * MM_WS_GROUP tiles, and within a group every row block for each of the group's tiles in turn, so a

@@ -58,7 +58,7 @@ struct ws_cfg {
 };
 
 /* Gate/up always walks (sm90_expert_ws_launch), so its one-item form is not built. */
-template <int PHASE, bool NVFP4>
+template <int PHASE>
 constexpr bool ws_one_item_built() {
     return PHASE != PHASE_GATE_UP;
 }
@@ -67,7 +67,7 @@ constexpr bool ws_one_item_built() {
  * other phases 64 columns a pass, in one or two passes (down's f32 columns are 1 KB each: 128 of them
  * would leave the ring three stages; BF16's ring leaves no more room). BF16 down walks (NCCL) with
  * scattered stores: its ring leaves no room for a tile. The one-item form stages in the ring. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
+template <int PHASE, bool NVFP4, bool LOOP>
 constexpr bool ws_own_tile() {
     return LOOP && (NVFP4 || PHASE == PHASE_GATE_UP);
 }
@@ -78,7 +78,7 @@ constexpr int ws_tile_cols(int ntok) {
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
 constexpr int ws_smem() {
     return ws_cfg<NVFP4, NTOK>::smem +
-           (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() ? ws_tile_cols<PHASE, NVFP4>(NTOK) * epi_stage_row<PHASE>() : 0);
+           (ws_own_tile<PHASE, NVFP4, LOOP>() ? ws_tile_cols<PHASE, NVFP4>(NTOK) * epi_stage_row<PHASE>() : 0);
 }
 static_assert(ws_smem<PHASE_DOWN, true, 128, true>() + 4096 <= 227 * 1024, "the walking down's tile fits");
 static_assert(ws_smem<PHASE_GATE_UP, false, 128, true>() + 4096 <= 227 * 1024 &&
@@ -413,14 +413,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
             static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            static_assert(ws_one_item_built<PHASE, NVFP4>(), "gate/up walks");
+            static_assert(ws_one_item_built<PHASE>(), "gate/up walks");
             staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
                 it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
             return;
         }
         uint8_t *const tile = smem + C::stages * C::stage_bytes;
-        if constexpr (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && PHASE == PHASE_GATE_UP && NVFP4) {
+        if constexpr (ws_own_tile<PHASE, NVFP4, LOOP>() && PHASE == PHASE_GATE_UP && NVFP4) {
             /* W4A16: the unrolled loop (the compact one is slower there); NVFP4 activations: the
              * compact one (their quantization unrolled does not fit beside the walk's state). */
             if (sh.bf16_act)
@@ -431,19 +431,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
                 staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
                                                               wgroup, col_code[buf], col_scale[buf], lane, tile,
                                                               it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
-        } else if (ws_own_tile<PHASE, NVFP4, NTOK, LOOP>() && (PHASE == PHASE_GATE_UP || sh.local_ranks == sh.R)) {
+        } else if (ws_own_tile<PHASE, NVFP4, LOOP>() && (PHASE == PHASE_GATE_UP || sh.local_ranks == sh.R)) {
             /* 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL down's
              * p rows go to other GPUs: scattered stores there, as before (bulk stores to a peer's
              * memory not yet tried). */
 #pragma unroll
             for (int h = 0; h < NTOK / 64; h++) {
                 if (64 * h >= it.ncols) break; /* uniform over the block */
-                float part[GROUPS_PER_WARP][32];
+                float pass[GROUPS_PER_WARP][32];
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int i = 0; i < 32; i++) part[q][i] = acc[q][32 * h + i];
-                staged_epilogue<PHASE, NVFP4, 8, false>(part, sh, L, peers, mine, W, it.e, it.first + 64 * h,
+                    for (int i = 0; i < 32; i++) pass[q][i] = acc[q][32 * h + i];
+                staged_epilogue<PHASE, NVFP4, 8, false>(pass, sh, L, peers, mine, W, it.e, it.first + 64 * h,
                                                         min(64, it.ncols - 64 * h), wgroup, col_code[buf] + 64 * h,
                                                         col_scale[buf] + 64 * h, lane, tile, it.rb, c * 128 + t,
                                                         [] { mm_bar_sync<1, 256>(); });
@@ -483,7 +483,7 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
                                                    : tile_map_16bit(&map, base0 + L.xg, (uint64_t)L.xg_rows, sh.H, NTOK);
         if (st != MEGAMOE_OK) return st;
     }
-    if constexpr (ws_one_item_built<PH, NV>()) {
+    if constexpr (ws_one_item_built<PH>()) {
         if (!loop) {
             MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS,
                                   ws_smem<PH, NV, NTOK, false>(), s, sh, L, peers, weights, tiles, force, map, tma));
@@ -537,7 +537,7 @@ template <int PH, bool NV, int NTOK>
 static megamoe_status ws_prepare_one() {
     const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true>, nullptr};
     const int smem[2] = {ws_smem<PH, NV, NTOK, true>(), ws_smem<PH, NV, NTOK, false>()};
-    if constexpr (ws_one_item_built<PH, NV>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>;
+    if constexpr (ws_one_item_built<PH>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>;
     for (int i = 0; i < 2 && fs[i]; i++) {
         const void *f = fs[i];
         MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
