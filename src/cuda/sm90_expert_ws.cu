@@ -318,13 +318,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     mm_setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int c = wg - 1, w = t >> 5, lane = t & 31;
     float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
-    /* BF16 gate/up (bf16_promote): the four k16 steps of a group and 64 tokens go into part (m64n64),
-     * added into acc in f32 once they retired; the group / token-half pairs in turn, the other
-     * consumer warpgroup keeping the tensor cores busy meanwhile. A part of both groups does not fit
-     * the registers at NTOK 128, nor do two parts in flight (144 B of spills in the K loop); one of
-     * 128 tokens does once acc starts at zero (wip/bf16-promote-n128, two waits per step, to measure). */
+    /* BF16 gate/up (bf16_promote): the four k16 steps of a group and all NTOK tokens go into part
+     * (m64nNTOK), added into acc in f32 once they retired; the two groups in turn (two waits per K
+     * step), the other consumer warpgroup keeping the tensor cores busy meanwhile. A part of both
+     * groups does not fit the registers at NTOK 128, nor do two parts in flight (144 B of spills in
+     * the K loop); one of 128 tokens does, acc starting at zero per item (ptxas stack 0). */
     constexpr bool promote = bf16_promote<PHASE, NVFP4>();
-    float part[promote ? 32 : 1];
+    float part[promote ? NTOK / 2 : 1];
     ws_ring_pos<C::stages> pos; /* runs on across the block's items */
     /* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
     auto next = [&]() -> ws_item {
@@ -360,17 +360,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             auto a_desc = [&](int q, int k) { return smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128); };
             if constexpr (promote) {
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    wgmma_fence();
 #pragma unroll
-                    for (int h = 0; h < NTOK / 64; h++) { /* tokens 64 h.. : 64 rows of 128 B further (512 x 16 B) */
-                        wgmma_fence();
+                    for (int k = 0; k < 4; k++) wgmma_ss_bf16<NTOK>(part, a_desc(q, k), db + 2 * k, k > 0);
+                    wgmma_commit();
+                    wgmma_wait<0>();
 #pragma unroll
-                        for (int k = 0; k < 4; k++) wgmma_ss_bf16<64>(part, a_desc(q, k), db + 512 * h + 2 * k, k > 0);
-                        wgmma_commit();
-                        wgmma_wait<0>();
-#pragma unroll
-                        for (int i = 0; i < 32; i++) acc[q][32 * h + i] = mm_add(acc[q][32 * h + i], part[i]);
-                    }
+                    for (int i = 0; i < NTOK / 2; i++) acc[q][i] = mm_add(acc[q][i], part[i]);
+                }
             } else {
                 wgmma_fence();
 #pragma unroll
