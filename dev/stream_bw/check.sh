@@ -20,8 +20,8 @@
 #               splits of 37 / 37 / 38 on the unrolled loop) and 600 (ws: 375 per expert)
 #     compare   bench/device/compare_revs.sh bench: DSv3-, Mixtral- and Qwen3-like at T = 1, 8, 32
 #               (COMPARE_TOKENS; COMPARE_SHAPES "E K H I;..." for others), bf16 and nvfp4 activations
-#               (ACTIVATIONS; FORMATS, default nvfp4, as compare_revs.sh takes them), the staged builds (A, B, C, ...) in
-#               turn per shape, ROUNDS (default 1) rounds
+#               (ACTIVATIONS; FORMATS, default nvfp4, as compare_revs.sh takes them), the staged
+#               builds (A, B, C, ...) in turn per shape, ROUNDS (default 1) rounds
 #     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1;
 #               NCU_ARGS replaces the bench arguments, e.g. "--experts 128 --top-k 8 --hidden 2048
 #               --inter 768 --tokens 1 --activations nvfp4"):

@@ -81,9 +81,9 @@ enum {
     GEMM_WS64 = MEGAMOE_GEMM_WS64
 };
 /* The warp-specialized kernel (sm90_expert_ws.cu, blocks of 256 rows x 128 tokens) from this many
- * tokens per expert on average: NVFP4 at any K (with a short K, Qwen3-like I = 768, from the walking
- * grid on: its one-item blocks lost to wgmma there below 256 per expert), BF16 when K is not split.
- * Measurements: DECISIONS. */
+ * tokens per expert on average: NVFP4 at any K (at a short K, Qwen3-like I = 768, its walking grid
+ * beats wgmma from here; one-item blocks there would lose below 256 per expert), BF16 when K is not
+ * split. Measurements: DECISIONS. */
 #define MM_WS_MIN_TOKENS 64
 #define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
 /* On one process the NVFP4 ws down projection walks (one block per SM taking items from a counter)
