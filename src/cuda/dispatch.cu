@@ -23,6 +23,7 @@
  *   NVFP4   16 < n < 64, min_k >= 4096           ws64        (sm90_expert_ws.cu, N 64)  none
  *   NVFP4   16 < n, otherwise below ws           wgmma       (sm90_expert_wgmma.cu)     plan_wgmma_splits
  *   NVFP4   n >= 64                              ws          (sm90_expert_ws.cu, N 128) none
+ *           (n < 128: the N 128 as two halves of 64, the upper one skipped for items of <= 64: ws_halves)
  *   BF16    n < 4                                mma.sync    (sm90_expert_mma.cu)       plan_splitk
  *   BF16    n >= 4 (n >= 64 with a split planned) ws64                                  none
  *   BF16    n >= 64, no split planned            ws                                     none
@@ -51,8 +52,8 @@ static megamoe_status launch_phase(int kernel, bool wgmma, bool ws64, bool ws, i
     if (kernel == GEMM_MMA) st = sm90_expert_mma_launch(PH, grid, sp, sh, L, peers, weights, force, s);
     if (kernel == GEMM_STREAM) st = sm90_expert_stream_launch(PH, sh, L, peers, weights, tiles, slots, force, s);
     if (st == MEGAMOE_OK && wgmma) st = sm90_expert_wgmma_launch(PH, sh, L, peers, weights, tiles, wsp, force, s);
-    if (st == MEGAMOE_OK && ws64) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 64, force, s);
-    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 128, force, s);
+    if (st == MEGAMOE_OK && ws64) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 64, slots, force, s);
+    if (st == MEGAMOE_OK && ws) st = sm90_expert_ws_launch(PH, sh, L, peers, base0, weights, tiles, 128, slots, force, s);
     return st;
 }
 

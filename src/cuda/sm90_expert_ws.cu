@@ -62,6 +62,12 @@ template <int PHASE>
 constexpr bool ws_one_item_built() {
     return PHASE != PHASE_GATE_UP;
 }
+/* The 128-token NVFP4 form is built twice: with the wgmma on m64n128 and on two m64n64 halves
+ * (HALVES, the upper one skipped for items of at most 64 tokens); gemm_plan.h ws_halves picks. */
+template <bool NVFP4, int NTOK>
+constexpr bool ws_halves_built() {
+    return NVFP4 && NTOK == 128;
+}
 /* The walking form stages its epilogue in a tile of its own past the ring, so the producer fills the
  * ring with the next item's steps meanwhile: NVFP4 gate/up's NTOK columns of 128 16-bit values; the
  * other phases 64 columns a pass, in one or two passes (down's f32 columns are 1 KB each: 128 of them
@@ -131,7 +137,7 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * not the item's, picks the stage and the phase); the item number, column codes and scales are
  * double-buffered, the producer writing an item's buffer once the consumers' epilogue of the item
  * two before has let it go (colfree). Blocks never wait for each other. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool HALVES>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
@@ -165,6 +171,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
     if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
         return; /* another kernel has it */
+    if (ws_halves_built<NVFP4, NTOK>() && (ws_halves(slots, sh.E) != 0) != HALVES) return; /* the other form has it */
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
@@ -326,6 +333,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     constexpr bool promote = bf16_promote<PHASE, NVFP4>();
     float part[promote ? NTOK / 2 : 1];
     ws_ring_pos<C::stages> pos; /* runs on across the block's items */
+    bool upper = true;          /* HALVES: the item has tokens past 64 (warp-uniform) */
     /* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
     auto next = [&]() -> ws_item {
         mm_mbar_wait_parity(&full[pos.s], pos.ph);
@@ -350,10 +358,26 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 #pragma unroll
                 for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
             wgmma_fence();
+            if constexpr (HALVES) {
+                /* Tokens 0-63 (the token tile's first 8 KB), then 64-127 where the item has them;
+                 * each element's chain is the same k16 steps as on m64n128. */
 #pragma unroll
-            for (int k = 0; k < 4; k++)
+                for (int k = 0; k < 4; k++)
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<NTOK, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<64, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+                if (upper) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+#pragma unroll
+                        for (int q = 0; q < GROUPS_PER_WARP; q++)
+                            wgmma_rs<64, !NVFP4>(acc[q] + 32, a[q][k], db + (8192 >> 4) + 2 * k, kc > 0 || k > 0);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<NTOK, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+            }
         } else {
             /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
              * at 8-row block 8 q of piece row (k, h = 0); LBO 2 KB (k half), SBO 128 B (8 rows). */
@@ -394,11 +418,22 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
                 for (int i = 0; i < NTOK / 2; i++) acc[q][i] = 0.0f;
+        /* A vote: ptxas must see the branch around the upper half's wgmma as uniform, or it
+         * serializes them (C7520). */
+        if constexpr (HALVES) upper = __all_sync(0xffffffffu, it.ncols > 64);
         for (int kc = 0; kc < nkc; kc += 2) {
             kstep(kc, a0, a1);
             kstep(kc + 1, a1, a0);
         }
         wgmma_wait<0>();
+        if constexpr (HALVES && !LOOP) { /* (LOOP zeroed them above) */
+            if (!upper) {
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                    for (int i = 32; i < 64; i++) acc[q][i] = 0.0f; /* columns the epilogue drops */
+            }
+        }
         if constexpr (NVFP4) {
             keep_alive(a0);
             keep_alive(a1);
@@ -465,7 +500,7 @@ static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, 
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV, int NTOK>
+template <int PH, bool NV, int NTOK, bool HALVES>
 static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                     uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int force,
                                     cudaStream_t s) {
@@ -483,30 +518,45 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
     }
     if constexpr (ws_one_item_built<PH>()) {
         if (!loop) {
-            MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false>, grid, WS_THREADS,
+            MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false, HALVES>, grid, WS_THREADS,
                                   ws_smem<PH, NV, NTOK, false>(), s, sh, L, peers, weights, tiles, force, map, tma));
             return MEGAMOE_OK;
         }
     }
-    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true>, grid, WS_THREADS, ws_smem<PH, NV, NTOK, true>(), s,
-                          sh, L, peers, weights, tiles, force, map, tma));
+    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true, HALVES>, grid, WS_THREADS,
+                          ws_smem<PH, NV, NTOK, true>(), s, sh, L, peers, weights, tiles, force, map, tma));
     return MEGAMOE_OK;
 }
 
+/* The kernel's forms of one phase: the plain one when `full`, the HALVES one (where built) when
+ * `halves`. */
+template <int PH, bool NV, int NTOK>
+static megamoe_status ws_launch_forms(bool full, bool halves, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
+                                      const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *base0,
+                                      const mm_dev_weights *weights, int force, cudaStream_t s) {
+    megamoe_status st = MEGAMOE_OK;
+    if (full || !ws_halves_built<NV, NTOK>())
+        st = ws_launch_one<PH, NV, NTOK, false>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+    if constexpr (ws_halves_built<NV, NTOK>())
+        if (st == MEGAMOE_OK && halves)
+            st = ws_launch_one<PH, NV, NTOK, true>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+    return st;
+}
+
 template <int NTOK>
-static megamoe_status ws_launch_ntok(int phase, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
-                                     const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *base0,
-                                     const mm_dev_weights *weights, int force, cudaStream_t s) {
+static megamoe_status ws_launch_ntok(int phase, bool full, bool halves, dim3 grid, bool loop, int tiles,
+                                     const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                                     uint8_t *base0, const mm_dev_weights *weights, int force, cudaStream_t s) {
     if (phase == PHASE_GATE_UP)
-        return sh.nvfp4 ? ws_launch_one<PHASE_GATE_UP, true, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                        : ws_launch_one<PHASE_GATE_UP, false, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    return sh.nvfp4 ? ws_launch_one<PHASE_DOWN, true, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                    : ws_launch_one<PHASE_DOWN, false, NTOK>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+        return sh.nvfp4 ? ws_launch_forms<PHASE_GATE_UP, true, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                        : ws_launch_forms<PHASE_GATE_UP, false, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+    return sh.nvfp4 ? ws_launch_forms<PHASE_DOWN, true, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                    : ws_launch_forms<PHASE_DOWN, false, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
 }
 
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                      uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int tiles,
-                                     int ntok, int force, cudaStream_t s) {
+                                     int ntok, long slots, int force, cudaStream_t s) {
     const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
     if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
     /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
@@ -524,18 +574,25 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
         if (blocks > cap) blocks = cap;
     }
     const dim3 grid(blocks, 1, sh.local_ranks);
-    const megamoe_status st = ntok == 128 ? ws_launch_ntok<128>(phase, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                                          : ws_launch_ntok<64>(phase, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+    /* Which form (ws_halves): in one process the one the group's count plans; with NCCL, whose
+     * slots are this rank's (a lower bound of the group's), each form the group's count may plan,
+     * the kernel leaving where the other has it. */
+    const bool nccl = sh.local_ranks < sh.R;
+    const bool halves = ws_halves(slots, sh.E) != 0;
+    const bool full = nccl ? !ws_halves((long)sh.R * sh.T_max * sh.K, sh.E) : !halves;
+    const megamoe_status st =
+        ntok == 128 ? ws_launch_ntok<128>(phase, full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                    : ws_launch_ntok<64>(phase, full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV, int NTOK>
+template <int PH, bool NV, int NTOK, bool HALVES>
 static megamoe_status ws_prepare_one() {
-    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true>, nullptr};
+    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true, HALVES>, nullptr};
     const int smem[2] = {ws_smem<PH, NV, NTOK, true>(), ws_smem<PH, NV, NTOK, false>()};
-    if constexpr (ws_one_item_built<PH>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false>;
+    if constexpr (ws_one_item_built<PH>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false, HALVES>;
     for (int i = 0; i < 2 && fs[i]; i++) {
         const void *f = fs[i];
         MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
@@ -546,10 +603,14 @@ static megamoe_status ws_prepare_one() {
 
 template <int NTOK>
 static megamoe_status ws_prepare_ntok() {
-    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true, NTOK>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false, NTOK>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false, NTOK>();
+    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true, NTOK, false>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false, NTOK, false>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK, false>();
+    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false, NTOK, false>();
+    if constexpr (ws_halves_built<true, NTOK>()) {
+        if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, true, NTOK, true>();
+        if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK, true>();
+    }
     return st;
 }
 
