@@ -323,10 +323,10 @@ static void test_grid_small(void **state) {
         {8, 1, 2304, 256, 80, 80, 1, 0},
     };
     /* Under MEGAMOE_GEMM=ws: the NVFP4 128-token blocks' m64n128 form (1100 and 600 rows) and their
-     * m64n64-halves form (the rest; 400 rows on one expert: items with their upper half). */
-    assert_false(ws_halves(1100 * 8, 16));
-    assert_false(ws_halves(600 * 8, 8));
-    assert_true(ws_halves(200 * 2, 8));
+     * split form (the rest; 400 rows on one expert: full items, every part). */
+    assert_false(ws_split_n(1100 * 8, 16));
+    assert_false(ws_split_n(600 * 8, 8));
+    assert_true(ws_split_n(200 * 2, 8));
     assert_true(plan_stream_more_blocks(48 * 4, 256, 256, 2 * 256 / 128, 256 / 64, MM_PLAN_SMS));
     assert_int_equal(plan_stream_splits(2, 8, 2 * 256 / 128, 2304 / 64), 4);
     assert_int_equal(plan_stream_variant(34, 8, 8, 2 * 256 / 128, 2304 / 64, MM_PLAN_SMS), STREAM_GROUPED);

@@ -23,7 +23,7 @@
  *   NVFP4   16 < n < 64, min_k >= 4096           ws64        (sm90_expert_ws.cu, N 64)  none
  *   NVFP4   16 < n, otherwise below ws           wgmma       (sm90_expert_wgmma.cu)     plan_wgmma_splits
  *   NVFP4   n >= 64                              ws          (sm90_expert_ws.cu, N 128) none
- *           (n < 128: the N 128 as two halves of 64, the upper one skipped for items of <= 64: ws_halves)
+ *           (n < 128: the N 128 as 64 + 32 + 32, the parts past an item's tokens skipped: ws_split_n)
  *   BF16    n < 4                                mma.sync    (sm90_expert_mma.cu)       plan_splitk
  *   BF16    n >= 4 (n >= 64 with a split planned) ws64                                  none
  *   BF16    n >= 64, no split planned            ws                                     none

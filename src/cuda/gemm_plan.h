@@ -119,13 +119,13 @@ MM_PLAN_FN int gemm_choice(int force, long slots, int E, int splits, int nvfp4, 
     }
     return slots >= 4L * E ? GEMM_WS64 : GEMM_MMA;
 }
-/* The NVFP4 ws kernel on 128-token blocks below MM_WS_HALVES_BELOW slots per expert on average
- * issues its wgmma as two m64n64 halves, the upper one only for an item of more than 64 tokens
- * (there most items hold 40-90 tokens, and the tensor pipe is what bounds); from there on one
- * m64n128 (two halves cost 3-5% on full items). y is the same either way. DECISIONS 58. */
-#define MM_WS_HALVES_BELOW 128
-MM_PLAN_FN int ws_halves(long slots, int E) {
-    return slots < (long)MM_WS_HALVES_BELOW * E;
+/* The NVFP4 ws kernel on 128-token blocks below MM_WS_SPLIT_N_BELOW slots per expert on average
+ * splits its m64n128 wgmma into m64n64 + m64n32 + m64n32, each part past the item's tokens skipped
+ * (there most items hold 40-90 tokens); from there on one m64n128 (split, full items cost 3-5%
+ * more). y is the same either way. DECISIONS 58. */
+#define MM_WS_SPLIT_N_BELOW 128
+MM_PLAN_FN int ws_split_n(long slots, int E) {
+    return slots < (long)MM_WS_SPLIT_N_BELOW * E;
 }
 /* The order of the kernels along the token count (the choice never goes down as it grows): the
  * few-token kernels (mma.sync, streaming), wgmma, the warp-specialized kernel on 64-token blocks,

@@ -48,7 +48,7 @@ megamoe_status sm90_expert_wgmma_prepare();
 /* The warp-specialized kernel of one phase over `tiles` token tiles of every local rank, with blocks
  * of ntok (128: GEMM_WS, 64: GEMM_WS64) tokens. base0: local rank 0's buffer (the token tiles'
  * tensor map where the rows are slot-ordered and the process drives one rank). slots: the group's
- * slot count (with NCCL this rank's, a lower bound), for the form gemm_plan.h ws_halves picks. */
+ * slot count (with NCCL this rank's, a lower bound), for the form gemm_plan.h ws_split_n picks. */
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                      uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int tiles,
                                      int ntok, long slots, int force, cudaStream_t s);

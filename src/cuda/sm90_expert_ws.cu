@@ -62,10 +62,10 @@ template <int PHASE>
 constexpr bool ws_one_item_built() {
     return PHASE != PHASE_GATE_UP;
 }
-/* The 128-token NVFP4 form is built twice: with the wgmma on m64n128 and on two m64n64 halves
- * (HALVES, the upper one skipped for items of at most 64 tokens); gemm_plan.h ws_halves picks. */
+/* The 128-token NVFP4 form is built twice: with the wgmma on m64n128, and SPLIT into m64n64 +
+ * m64n32 + m64n32 (the parts past an item's tokens skipped); gemm_plan.h ws_split_n picks. */
 template <bool NVFP4, int NTOK>
-constexpr bool ws_halves_built() {
+constexpr bool ws_split_built() {
     return NVFP4 && NTOK == 128;
 }
 /* The walking form stages its epilogue in a tile of its own past the ring, so the producer fills the
@@ -137,7 +137,7 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
  * not the item's, picks the stage and the phase); the item number, column codes and scales are
  * double-buffered, the producer writing an item's buffer once the consumers' epilogue of the item
  * two before has let it go (colfree). Blocks never wait for each other. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool HALVES>
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
     if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
         return; /* another kernel has it */
-    if (ws_halves_built<NVFP4, NTOK>() && (ws_halves(slots, sh.E) != 0) != HALVES) return; /* the other form has it */
+    if (ws_split_built<NVFP4, NTOK>() && (ws_split_n(slots, sh.E) != 0) != SPLIT) return; /* the other form has it */
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     constexpr bool promote = bf16_promote<PHASE, NVFP4>();
     float part[promote ? NTOK / 2 : 1];
     ws_ring_pos<C::stages> pos; /* runs on across the block's items */
-    bool upper = true;          /* HALVES: the item has tokens past 64 (warp-uniform) */
+    bool past64 = true, past96 = true; /* SPLIT: the item has tokens past 64 / 96 (warp-uniform) */
     /* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
     auto next = [&]() -> ws_item {
         mm_mbar_wait_parity(&full[pos.s], pos.ph);
@@ -358,19 +358,27 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 #pragma unroll
                 for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
             wgmma_fence();
-            if constexpr (HALVES) {
-                /* Tokens 0-63 (the token tile's first 8 KB), then 64-127 where the item has them;
-                 * each element's chain is the same k16 steps as on m64n128. */
+            if constexpr (SPLIT) {
+                /* Tokens 0-63 (the token tile's first 8 KB, 128 B a token), then 64-95 and 96-127
+                 * (accumulators 32-47, 48-63) where the item has them; each element's chain is the
+                 * same k16 steps as on m64n128. */
 #pragma unroll
                 for (int k = 0; k < 4; k++)
 #pragma unroll
                     for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<64, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
-                if (upper) {
+                if (past64) {
 #pragma unroll
                     for (int k = 0; k < 4; k++)
 #pragma unroll
                         for (int q = 0; q < GROUPS_PER_WARP; q++)
-                            wgmma_rs<64, !NVFP4>(acc[q] + 32, a[q][k], db + (8192 >> 4) + 2 * k, kc > 0 || k > 0);
+                            wgmma_rs<32, !NVFP4>(acc[q] + 32, a[q][k], db + (8192 >> 4) + 2 * k, kc > 0 || k > 0);
+                }
+                if (past96) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+#pragma unroll
+                        for (int q = 0; q < GROUPS_PER_WARP; q++)
+                            wgmma_rs<32, !NVFP4>(acc[q] + 48, a[q][k], db + (12288 >> 4) + 2 * k, kc > 0 || k > 0);
                 }
             } else {
 #pragma unroll
@@ -418,20 +426,29 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
                 for (int i = 0; i < NTOK / 2; i++) acc[q][i] = 0.0f;
-        /* A vote: ptxas must see the branch around the upper half's wgmma as uniform, or it
-         * serializes them (C7520). */
-        if constexpr (HALVES) upper = __all_sync(0xffffffffu, it.ncols > 64);
+        /* Votes: ptxas must see the branches around the wgmma as uniform, or it serializes them
+         * (C7520). */
+        if constexpr (SPLIT) {
+            past64 = __all_sync(0xffffffffu, it.ncols > 64);
+            past96 = __all_sync(0xffffffffu, it.ncols > 96);
+        }
         for (int kc = 0; kc < nkc; kc += 2) {
             kstep(kc, a0, a1);
             kstep(kc + 1, a1, a0);
         }
         wgmma_wait<0>();
-        if constexpr (HALVES && !LOOP) { /* (LOOP zeroed them above) */
-            if (!upper) {
+        if constexpr (SPLIT && !LOOP) { /* (LOOP zeroed them above) */
+            if (!past96) {
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int i = 32; i < 64; i++) acc[q][i] = 0.0f; /* columns the epilogue drops */
+                    for (int i = 48; i < 64; i++) acc[q][i] = 0.0f; /* columns the epilogue drops */
+            }
+            if (!past64) {
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                    for (int i = 32; i < 48; i++) acc[q][i] = 0.0f;
             }
         }
         if constexpr (NVFP4) {
@@ -500,7 +517,7 @@ static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, 
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV, int NTOK, bool HALVES>
+template <int PH, bool NV, int NTOK, bool SPLIT>
 static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
                                     uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int force,
                                     cudaStream_t s) {
@@ -518,40 +535,40 @@ static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_de
     }
     if constexpr (ws_one_item_built<PH>()) {
         if (!loop) {
-            MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false, HALVES>, grid, WS_THREADS,
+            MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false, SPLIT>, grid, WS_THREADS,
                                   ws_smem<PH, NV, NTOK, false>(), s, sh, L, peers, weights, tiles, force, map, tma));
             return MEGAMOE_OK;
         }
     }
-    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true, HALVES>, grid, WS_THREADS,
+    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true, SPLIT>, grid, WS_THREADS,
                           ws_smem<PH, NV, NTOK, true>(), s, sh, L, peers, weights, tiles, force, map, tma));
     return MEGAMOE_OK;
 }
 
-/* The kernel's forms of one phase: the plain one when `full`, the HALVES one (where built) when
- * `halves`. */
+/* The kernel's forms of one phase: the plain one when `full`, the SPLIT one (where built) when
+ * `split`. */
 template <int PH, bool NV, int NTOK>
-static megamoe_status ws_launch_forms(bool full, bool halves, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
+static megamoe_status ws_launch_forms(bool full, bool split, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
                                       const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *base0,
                                       const mm_dev_weights *weights, int force, cudaStream_t s) {
     megamoe_status st = MEGAMOE_OK;
-    if (full || !ws_halves_built<NV, NTOK>())
+    if (full || !ws_split_built<NV, NTOK>())
         st = ws_launch_one<PH, NV, NTOK, false>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    if constexpr (ws_halves_built<NV, NTOK>())
-        if (st == MEGAMOE_OK && halves)
+    if constexpr (ws_split_built<NV, NTOK>())
+        if (st == MEGAMOE_OK && split)
             st = ws_launch_one<PH, NV, NTOK, true>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
     return st;
 }
 
 template <int NTOK>
-static megamoe_status ws_launch_ntok(int phase, bool full, bool halves, dim3 grid, bool loop, int tiles,
+static megamoe_status ws_launch_ntok(int phase, bool full, bool split, dim3 grid, bool loop, int tiles,
                                      const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                      uint8_t *base0, const mm_dev_weights *weights, int force, cudaStream_t s) {
     if (phase == PHASE_GATE_UP)
-        return sh.nvfp4 ? ws_launch_forms<PHASE_GATE_UP, true, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                        : ws_launch_forms<PHASE_GATE_UP, false, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    return sh.nvfp4 ? ws_launch_forms<PHASE_DOWN, true, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                    : ws_launch_forms<PHASE_DOWN, false, NTOK>(full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+        return sh.nvfp4 ? ws_launch_forms<PHASE_GATE_UP, true, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                        : ws_launch_forms<PHASE_GATE_UP, false, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+    return sh.nvfp4 ? ws_launch_forms<PHASE_DOWN, true, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                    : ws_launch_forms<PHASE_DOWN, false, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
 }
 
 megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
@@ -574,25 +591,25 @@ megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm
         if (blocks > cap) blocks = cap;
     }
     const dim3 grid(blocks, 1, sh.local_ranks);
-    /* Which form (ws_halves): in one process the one the group's count plans; with NCCL, whose
+    /* Which form (ws_split_n): in one process the one the group's count plans; with NCCL, whose
      * slots are this rank's (a lower bound of the group's), each form the group's count may plan,
      * the kernel leaving where the other has it. */
     const bool nccl = sh.local_ranks < sh.R;
-    const bool halves = ws_halves(slots, sh.E) != 0;
-    const bool full = nccl ? !ws_halves((long)sh.R * sh.T_max * sh.K, sh.E) : !halves;
+    const bool split = ws_split_n(slots, sh.E) != 0;
+    const bool full = nccl ? !ws_split_n((long)sh.R * sh.T_max * sh.K, sh.E) : !split;
     const megamoe_status st =
-        ntok == 128 ? ws_launch_ntok<128>(phase, full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                    : ws_launch_ntok<64>(phase, full, halves, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
+        ntok == 128 ? ws_launch_ntok<128>(phase, full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
+                    : ws_launch_ntok<64>(phase, full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
     if (st != MEGAMOE_OK) return st;
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV, int NTOK, bool HALVES>
+template <int PH, bool NV, int NTOK, bool SPLIT>
 static megamoe_status ws_prepare_one() {
-    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true, HALVES>, nullptr};
+    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true, SPLIT>, nullptr};
     const int smem[2] = {ws_smem<PH, NV, NTOK, true>(), ws_smem<PH, NV, NTOK, false>()};
-    if constexpr (ws_one_item_built<PH>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false, HALVES>;
+    if constexpr (ws_one_item_built<PH>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false, SPLIT>;
     for (int i = 0; i < 2 && fs[i]; i++) {
         const void *f = fs[i];
         MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
@@ -607,7 +624,7 @@ static megamoe_status ws_prepare_ntok() {
     if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false, NTOK, false>();
     if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK, false>();
     if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false, NTOK, false>();
-    if constexpr (ws_halves_built<true, NTOK>()) {
+    if constexpr (ws_split_built<true, NTOK>()) {
         if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, true, NTOK, true>();
         if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK, true>();
     }
