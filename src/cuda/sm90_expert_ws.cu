@@ -25,6 +25,8 @@
  * BF16 takes its A operand from shared memory instead (SS wgmma): a slab's K step is stored in the
  * K-major core-matrix order (weight_layout.h), so the bulk-copied 16 KB is the operand as it lands.
  */
+#include <type_traits>
+
 #include "gemm/epilogue.cuh"
 #include "gemm/fragments.cuh"
 #include "launch.h"
@@ -358,33 +360,24 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
 #pragma unroll
                 for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
             wgmma_fence();
+            /* The wgmma over tokens t0 .. t0 + N - 1: t0 rows of 128 B into the token tile (t0 x 8 in
+             * the descriptor's 16 B units), at accumulator t0 / 2. */
+            auto token_part = [&](auto n, int t0) {
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int q = 0; q < GROUPS_PER_WARP; q++)
+                        wgmma_rs<decltype(n)::value, !NVFP4>(acc[q] + t0 / 2, a[q][k], db + t0 * 8 + 2 * k,
+                                                              kc > 0 || k > 0);
+            };
             if constexpr (SPLIT) {
-                /* Tokens 0-63 (the token tile's first 8 KB, 128 B a token), then 64-95 and 96-127
-                 * (accumulators 32-47, 48-63) where the item has them; each element's chain is the
-                 * same k16 steps as on m64n128. */
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-#pragma unroll
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<64, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
-                if (past64) {
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-#pragma unroll
-                        for (int q = 0; q < GROUPS_PER_WARP; q++)
-                            wgmma_rs<32, !NVFP4>(acc[q] + 32, a[q][k], db + (8192 >> 4) + 2 * k, kc > 0 || k > 0);
-                }
-                if (past96) {
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-#pragma unroll
-                        for (int q = 0; q < GROUPS_PER_WARP; q++)
-                            wgmma_rs<32, !NVFP4>(acc[q] + 48, a[q][k], db + (12288 >> 4) + 2 * k, kc > 0 || k > 0);
-                }
+                /* Tokens 0-63, then 64-95 and 96-127 where the item has them; each element's chain
+                 * is the same k16 steps as on m64n128. */
+                token_part(std::integral_constant<int, 64>(), 0);
+                if (past64) token_part(std::integral_constant<int, 32>(), 64);
+                if (past96) token_part(std::integral_constant<int, 32>(), 96);
             } else {
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-#pragma unroll
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) wgmma_rs<NTOK, !NVFP4>(acc[q], a[q][k], db + 2 * k, kc > 0 || k > 0);
+                token_part(std::integral_constant<int, NTOK>(), 0);
             }
         } else {
             /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
