@@ -1,6 +1,6 @@
 /*
  * accum_emulate.c -- an experiment, not part of the library: a test_gpu grid case on the CPU, the
- * CPU backend's y against an emulation of the GPU kernels' arithmetic (DECISIONS 85, 88).
+ * CPU backend's y against an emulation of the GPU kernels' arithmetic (DECISIONS 30, 31).
  * The emulation: every 16-element dot product exact (double), added into an f32 accumulator that
  * rounds toward zero -- the tensor cores' accumulation (dev/sm90_accum_probe.cu: a bias toward zero)
  * -- over all of K as one chain, or with the chain's sums added into a round-to-nearest f32

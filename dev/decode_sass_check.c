@@ -1,6 +1,6 @@
 /*
  * decode_sass_check.c -- an experiment, not part of the library: the proof that the streaming
- * kernel's fewer consumer instructions per K step (docs/CUDA_BACKEND.md, "What bounds it now")
+ * kernel's fewer consumer instructions per K step (DECISIONS 52)
  * leave every bit of the A fragments and every shared address as they were.
  * 1. decode_a (NVFP4, gemm/fragments.cuh) before and after, emulated bit for bit: the scale's 16 bits
  *    reached cvt.rn.f16x2.e4m3x2 as (w >> 16 (s & 1)) & 0xFFFF and now as half s & 1 of

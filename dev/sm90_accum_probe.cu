@@ -1,7 +1,7 @@
 /*
  * sm90_accum_probe.cu -- an experiment, not part of the library: how far the tensor cores' f32
  * accumulation is from float64 on long BF16 dot products, wgmma against mma.sync against ordered
- * f32 FMAs on the CUDA cores (DECISIONS 56: the GPU's BF16 y sits at 9.7e-4 of the CPU's at H = 7168,
+ * f32 FMAs on the CUDA cores (DECISIONS 29: the GPU's BF16 y sits at 9.7e-4 of the CPU's at H = 7168,
  * with mma.sync 5.8e-4 -- is that the accumulation?). One warpgroup computes D = A . B^T for A, B of
  * 64 x K random bf16 values three ways:
  *   0. wgmma m64n64k16 (SS: both operands in shared memory, the no-swizzle K-major core-matrix

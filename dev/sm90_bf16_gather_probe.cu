@@ -1,6 +1,6 @@
 /*
  * sm90_bf16_gather_probe.cu -- the BF16 prefill design to decide before the library changes its BF16
- * layout (CUDA_BACKEND "Next" 1; issue 3: BF16 at T = 8192 no slower than PyTorch, which runs the
+ * layout (issue 3: BF16 at T = 8192 no slower than PyTorch, which runs the
  * Mixtral-like shape at ~520 TFLOP/s). sm90_bf16_gemm_probe.cu loads both operands with 2D TMA (638
  * TFLOP/s dense); an expert GEMM cannot: its tokens are gathered rows. Here, as the library would:
  *   - weights stored by the host as the exact shared-memory image of each (256-row block, 64-wide K

@@ -7,7 +7,7 @@
 #          (this replaces .devbin; ~4 MB per revision; carry .devbin)
 #          bash bench/device/compare_revs.sh stage-rev SIDE REV
 #          the same for one revision as .devbin/rev-SIDE, keeping the rest of .devbin (how
-#          dev/stream_bw/check.sh stage adds its base and further revisions beside its test binaries)
+#          bench/device/variant.sh stage adds its base and further revisions beside its test binaries)
 #   there: bash bench/device/compare_revs.sh unpack
 #          unpacks each staged .devbin/rev-*/megamoe.xz not unpacked yet (bench does it too)
 #   there: bash bench/device/compare_revs.sh bench [TOKENS] [ROUNDS]

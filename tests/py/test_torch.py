@@ -564,7 +564,7 @@ def test_readme_python_section_runs(capsys):
 
 @pytest.mark.parametrize("idle", [[], ["--idle"]], ids=["back_to_back", "idle"])
 def test_bench_op_runs_on_the_cpu(idle):
-    """examples/bench_op.py (the binding's benchmark, run on the GPU machine by python/gpu_check.sh) runs
+    """examples/bench_op.py (the binding's benchmark, run on the GPU machine by bench/device/check_py.sh) runs
     on the CPU backend and prints a row of positive host times (C call, op, module) per token count,
     with its calls enqueued back to back or each timed alone (--idle)."""
     import os

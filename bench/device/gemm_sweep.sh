@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# dev/gemm_sweep.sh -- every expert GEMM kernel forced in turn (`megamoe bench --gemm K`) over shapes,
-# token counts and activation modes, with one build: the data behind gemm_choice's thresholds
+# bench/device/gemm_sweep.sh -- every expert GEMM kernel forced in turn (`megamoe bench --gemm K`) over
+# shapes, token counts and activation modes, with one build: the data behind the kernel-choice thresholds
 # (src/cuda/gemm_plan.h, DECISIONS 33). A forced kernel is the same code the automatic choice runs,
 # so a threshold can be read off one table instead of building a revision per candidate rule.
 #   here:   bash bench/device/stage.sh (carry .devbin)
-#   there:  bash dev/gemm_sweep.sh [TOKENS [KERNELS]]
+#   there:  bash bench/device/gemm_sweep.sh [TOKENS [KERNELS]]
 #             TOKENS   comma-separated token counts (default 512,1024,2048,4096)
 #             KERNELS  default "auto wgmma ws ws64" (also mma, stream)
 #             SHAPES   "E K H I;..." (default the table's three), FORMATS (default nvfp4),
@@ -13,7 +13,7 @@
 # how far "auto" (what the rule takes now) is from it. Records (bench --json, one file per kernel) and the log under
 # $OUT/gemm_sweep (OUT default device-out).
 set -uo pipefail
-cd "$(dirname "$(realpath "$0")")/.."
+cd "$(dirname "$(realpath "$0")")/../.."
 . bench/device/env.sh
 tokens=${1:-512,1024,2048,4096}
 kernels=(${2:-auto wgmma ws ws64})

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine (issue 22), after python/stage_gpu.sh here (carry .devpy):
-#   bash python/gpu_check.sh [tests|bench|all]      (default all; each part alone fits a 10-minute call)
+# The Python package on the GPU machine (issue 22), after bench/device/stage_py.sh here (carry .devpy):
+#   bash bench/device/check_py.sh [tests|bench|all]      (default all; each part alone fits a 10-minute call)
 # installs the staged wheel into a folder of its own (as `pip install .` would, with no build there),
 # runs the package's tests against it (CPU and GPU: the op, opcheck, torch.compile, CUDA graphs, the
 # module, R ranks on one GPU, the transformers swap, and the torchrun tests when there are two GPUs),
 # then the binding's benchmark and the transformers example. Logs go to $OUT when it is set.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-/tmp/megamoe-gpu-check}
 mkdir -p "$OUTDIR"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Stages the Python package's GPU run into .devpy/ (carried to the GPU machine; see python/gpu_check.sh):
+# Stages the Python package's GPU run into .devpy/ (carried to the GPU machine; see bench/device/check_py.sh):
 # the CUDA wheel as `pip install .` builds it (CUDA backend, static CUDA runtime, jansson and libgomp
 # inside), and the megamoe CLI that the tests use as their second opinion, with the shared libraries the
 # GPU machine lacks. NCCL does not travel: the GPU machine's torch brings it (nvidia-nccl).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 rm -rf .devpy && mkdir -p .devpy/libs
 "$PY" -m pip wheel -q --no-deps --disable-pip-version-check -w .devpy .

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# dev/stream_bw/check.sh -- the device call for the streaming kernel's two K steps per ring slot
-# (docs/CUDA_BACKEND.md, "The streaming kernel's share of copy bandwidth at decode"): is it correct,
-# is y byte for byte what the one-step kernel gives, is it faster, and what bounds it now.
-#   here:   bash dev/stream_bw/check.sh stage [BASE [REV ...]]
+# bench/device/variant.sh -- one device call for a kernel change against a base revision: is it
+# correct, is y byte for byte what the base gives, is it faster, and what bounds it (written for the
+# streaming kernel's two K steps per ring slot, DECISIONS 52; used for every kernel change since).
+#   here:   bash bench/device/variant.sh stage [BASE [REV ...]]
 #             bench/device/stage.sh (this tree's binaries, packed into .devbin), then BASE's `megamoe`
 #             (default main: run it on a branch) built from `git archive` and packed as
 #             .devbin/rev-a/megamoe.xz, and each further REV's as rev-c, rev-d, ... (compare runs them
 #             too, each against A: variants measured apart while the tests run on this tree, which may
 #             hold them all); carry .devbin (~13 MB, ~2 MB more per REV)
-#   there:  bash dev/stream_bw/check.sh [PART ...]
+#   there:  bash bench/device/variant.sh [PART ...]
 #             (default: gate bitwise compare ncu test_gpu_auto test_gpu_stream sanitize and the other
-#             test_gpu modes last: they force kernels other than the one this branch changes)
-#     gate      MEGAMOE_GEMM=stream test_gpu --quick; when it fails nothing else runs
+#             test_gpu modes last)
+#     gate      MEGAMOE_GEMM=$GATE_GEMM (default stream: the kernel the change touches) test_gpu --quick;
+#               when it fails nothing else runs
 #     bitwise   y of `megamoe run --backend cuda` from A (BASE) and B (this tree) compared byte for
 #               byte, both activation modes, on random NVFP4 layers made there (make_case.py):
 #               E 16 K 4 H 2304 I 1024 at T = 1 (gate/up in 4 splits of 9 K steps: half-used last
@@ -22,9 +23,9 @@
 #               (COMPARE_TOKENS; COMPARE_SHAPES "E K H I;..." for others), bf16 and nvfp4 activations
 #               (ACTIVATIONS; FORMATS, default nvfp4, as compare_revs.sh takes them), the staged
 #               builds (A, B, C, ...) in turn per shape, ROUNDS (default 1) rounds
-#     ncu       the two streaming kernels of one DSv3-like T = 8 forward of B (and of A with NCU_A=1;
-#               NCU_ARGS replaces the bench arguments, e.g. "--experts 128 --top-k 8 --hidden 2048
-#               --inter 768 --tokens 1 --activations nvfp4"):
+#     ncu       the kernels matching NCU_KERNELS (default expert_stream) of one DSv3-like T = 8 forward
+#               of B (and of A with NCU_A=1; NCU_ARGS replaces the bench arguments, e.g. "--experts 128
+#               --top-k 8 --hidden 2048 --inter 768 --tokens 1 --activations nvfp4"):
 #               SourceCounters (stall reasons per SASS line), WarpStateStats, MemoryWorkloadAnalysis,
 #               SpeedOfLight (SM frequency, DRAM throughput), ComputeWorkloadAnalysis (pipe use),
 #               exported as text: --page details and --page source --print-source sass --csv
@@ -37,7 +38,7 @@
 # Each step runs under what is left of BUDGET_S (default 570 s, one 10-minute call): "NOT RUN (time)"
 # when its usual length does not fit, "NOT FINISHED (time)" when stopped at the budget. The default
 # parts take ~650 s, so expect the last steps left out; the last line names them for a second call.
-# Logs under LOGS (default /tmp/stream_bw), packed after every step into $OUT/stream_bw.tgz (OUT default
+# Logs under LOGS (default /tmp/variant), packed after every step into $OUT/variant.tgz (OUT default
 # device-out; a device call brings back at most 8 files, and a call stopped at its limit keeps the
 # steps before). Exit 0 only when every step ran and passed.
 set -uo pipefail
@@ -50,7 +51,7 @@ if [ "${1:-}" = stage ]; then
   extra=("${@:3}")
   bash bench/device/stage.sh
   sides=(c d e f g h)
-  [ ${#extra[@]} -le ${#sides[@]} ] || { echo "check.sh stage: at most ${#sides[@]} further revisions" >&2; exit 2; }
+  [ ${#extra[@]} -le ${#sides[@]} ] || { echo "variant.sh stage: at most ${#sides[@]} further revisions" >&2; exit 2; }
   bash bench/device/compare_revs.sh stage-rev a "$base"
   for i in "${!extra[@]}"; do bash bench/device/compare_revs.sh stage-rev "${sides[$i]}" "${extra[$i]}"; done
   du -sh .devbin
@@ -58,7 +59,7 @@ if [ "${1:-}" = stage ]; then
 fi
 
 OUT=${OUT:-device-out}
-L=${LOGS:-/tmp/stream_bw}
+L=${LOGS:-/tmp/variant}
 mkdir -p "$L" "$OUT"
 export LOGS=$L OUT # the internal parts below run as children of this script
 . bench/device/env.sh # unpacks .devbin/bins.tar.xz, the loader path, KERNEL_MODES, RACECHECK_EXCLUDE
@@ -79,7 +80,7 @@ _bitwise)
   for c in "16 4 2304 1024:1 8 32 1100" "8 5 7168 2048:1 600"; do
     shape=${c%%:*} Ts=${c#*:}
     dir=$L/case_${shape// /_}
-    python3 dev/stream_bw/make_case.py "$dir" $shape $Ts || exit 3
+    python3 bench/device/make_case.py "$dir" $shape $Ts || exit 3
     for T in $Ts; do
       for act in bf16 nvfp4; do
         for side in a b; do
@@ -97,7 +98,7 @@ _bitwise)
 _ncu)
   for side in b ${NCU_A:+a}; do
     rep=$L/ncu_$side
-    MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k regex:expert_stream -c 2 \
+    MEGAMOE_BENCH_FLUSH_MB=0 ncu --clock-control none -k "regex:${NCU_KERNELS:-expert_stream}" -c 2 \
       --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis \
       --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --import-source no -f -o "$rep" $B/rev-$side/megamoe bench --backend cuda \
@@ -128,7 +129,7 @@ step() {
   fi
   timeout "$left" "$@" > "$L/$name.log" 2>&1
   rc=$?
-  tar -czf "$OUT/stream_bw.tgz.tmp" -C "$L" . && mv "$OUT/stream_bw.tgz.tmp" "$OUT/stream_bw.tgz"
+  tar -czf "$OUT/variant.tgz.tmp" -C "$L" . && mv "$OUT/variant.tgz.tmp" "$OUT/variant.tgz"
   if [ $rc -eq 124 ]; then
     echo "[$(now) s] $name: NOT FINISHED (time: stopped after $left s)"
     left_out+=("$name")
@@ -154,7 +155,7 @@ prepare_revs || revs_ok=0
 for part in "${parts[@]}"; do
   case $part in
   gate)
-    step gate 40 env MEGAMOE_GEMM=stream $B/test_gpu --quick || { echo "gate failed: stopping (log $L/gate.log)"; exit 1; }
+    step gate 40 env MEGAMOE_GEMM="${GATE_GEMM:-stream}" $B/test_gpu --quick || { echo "gate failed: stopping (log $L/gate.log)"; exit 1; }
     ;;
   bitwise)
     if [ $revs_ok = 1 ]; then
@@ -194,5 +195,5 @@ for part in "${parts[@]}"; do
   *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done
-echo "[$(now) s] done: $fails failed$([ ${#left_out[@]} -gt 0 ] && echo "; not run or not finished: ${left_out[*]} (bash dev/stream_bw/check.sh ${left_out[*]})")"
+echo "[$(now) s] done: $fails failed$([ ${#left_out[@]} -gt 0 ] && echo "; not run or not finished: ${left_out[*]} (bash bench/device/variant.sh ${left_out[*]})")"
 [ $fails -eq 0 ] && [ ${#left_out[@]} -eq 0 ]

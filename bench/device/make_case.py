@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A random NVFP4 experts layer and token inputs as safetensors files, with numpy alone (the GPU
-machine's Python may lack safetensors and ml_dtypes), for `megamoe run`: check.sh's `bitwise` part
+machine's Python may lack safetensors and ml_dtypes), for `megamoe run`: variant.sh's `bitwise` part
 runs two builds on them and compares y byte for byte.
 
     usage: make_case.py FOLDER E K H I T [T ...]
