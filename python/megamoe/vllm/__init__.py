@@ -84,6 +84,11 @@ def register():
                     f"megamoe runs on the layer's device (NVFP4 activations {settings.activations}; "
                     f"{_ENV_SWITCH}=0 turns it off)")
         log = logger()
+        if not settings.enabled:
+            # A warning: it reaches the log even before vLLM configured it (Python's last-resort handler),
+            # and no layer of megamoe's will repeat it later.
+            log.warning("%s", line)
+            return []
         log.info("%s", line)
         if not log.hasHandlers() or not log.isEnabledFor(logging.INFO):
             _banner = line

@@ -29,7 +29,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
     compressed_tensors_moe_w4a4_nvfp4 as ct_nvfp4)
 from vllm.model_executor.utils import replace_parameter
 
-from . import announce, logger
+from . import _ep, announce, logger
 
 _settings = None  # megamoe.vllm.Settings, set by install
 _said = set()  # (kind, decision) pairs already logged
@@ -134,13 +134,7 @@ class _Experts:
         self.key = _op.register(self.layer)
         self.on_cpu = device.type == "cpu"
         self.start = g.rank(0) * num_local_experts
-        # With R ranks, vLLM hands every rank the same tokens and sums the ranks' outputs (its all-reduce
-        # after a method without its own combine): rank r computes the tokens t with t % R == r and
-        # leaves the others to the rest, each token's experts reached once through megamoe's exchange.
-        self.others = None
-        if R > 1:
-            r = g.rank(0)
-            self.others = (torch.arange(self.T_max, device=device) % R) != r
+        self.others = None if R == 1 else _ep.others_mask(self.T_max, R, g.rank(0), device)
 
     def load(self, tensors, proj_fields):
         """Hands this rank's experts to megamoe: tensors maps a vLLM-layout name to its [E_local, ...]
