@@ -35,9 +35,9 @@ megamoe_status mm_check_layer_shape(int64_t E, int64_t H, int64_t I, char *msg) 
                      MM_MAX_DIM);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (I < 256 || I % 256 != 0 || I > MM_MAX_DIM) {
-        mm_set_error(msg, "intermediate_size I=%lld must be a positive multiple of 256 (at most %d)",
-                     (long long)I, MM_MAX_DIM);
+    if (I < MM_I_MULTIPLE || I % MM_I_MULTIPLE != 0 || I > MM_MAX_DIM) {
+        mm_set_error(msg, "intermediate_size I=%lld must be a positive multiple of %d (at most %d)",
+                     (long long)I, MM_I_MULTIPLE, MM_MAX_DIM);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     return MEGAMOE_OK;

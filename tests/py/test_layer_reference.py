@@ -29,9 +29,9 @@ def check_rows(y, x, ids, pad):
 
 
 def run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2, 4), prefix="model.layers.0.mlp.experts_layer",
-              extra=(), gamma=None, eps=1e-6, clamp=0.0, shards=0, scalar_shape=()):
-    """Runs the checkpoint with `megamoe run` for each R (an NVFP4 model in both activation modes) and
-    checks y against the float64 reference; returns the errors by activation mode."""
+              extra=(), gamma=None, eps=1e-6, clamp=0.0, shards=0, scalar_shape=(), modes=None):
+    """Runs the checkpoint with `megamoe run` for each R (an NVFP4 model in both activation modes, or
+    those of `modes`) and checks y against the float64 reference; returns the errors by activation mode."""
     tensors = mr.checkpoint_tensors(model, prefix, style, scalar_shape)
     tensors["model.embed_tokens.weight"] = np.zeros((4, 8), dtype=np.float32)  # an unrelated tensor
     if shards:
@@ -43,7 +43,7 @@ def run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2, 4), prefix="m
     inp = tmp_path / "inputs.safetensors"
     mr.write_inputs(inp, x, ids, w, pad)
     errs = {}
-    for act in (["bf16", "nvfp4"] if model["format"] == "nvfp4" else ["bf16"]):
+    for act in modes or (["bf16", "nvfp4"] if model["format"] == "nvfp4" else ["bf16"]):
         ref = mr.reference_layer(model, x, ids, w, pad, norm_eps=eps, clamp=clamp,
                                  gamma=gamma if gamma is not None else model["norm"], activations=act)
         ys = []
@@ -150,3 +150,16 @@ def test_activations_option(tmp_path):
     p = mr.run_cli(*args, "--activations", "fp8", check=False)
     assert p.returncode != 0 and "fp8" in p.stderr, p.stderr
     mr.run_cli(*args, "--activations", "bf16")
+
+
+@pytest.mark.parametrize("fmt,style,I", [
+    ("nvfp4", "stacked", 192), ("nvfp4", "ct_per_expert", 320), ("nvfp4", "per_expert", 64),
+    ("bf16", "per_expert", 192), ("bf16", "stacked", 320)])
+def test_intermediate_multiple_of_64(tmp_path, fmt, style, I):
+    """SPEC §1: I is any multiple of 64 (real models use 1408); the CPU backend computes at I exactly."""
+    E, K, H, T = 8, 4, 256, 40
+    model = mr.random_model(fmt, E, H, I, seed=zlib.crc32(f"{fmt}/{style}/{I}".encode()))
+    x, ids, w, pad = mr.random_inputs(T, K, H, E, seed=I)
+    mr.calibrate_a2(model, x, ids, pad)
+    run_layer(tmp_path, model, style, x, ids, w, pad)
+
