@@ -139,7 +139,8 @@ typedef struct mm_rank_weights {
     uint8_t *w2;            /* [E_r, H, I/2]   e2m1 codes                                       */
     uint8_t *w2_sf;         /* [E_r, H, I/16]  e4m3 block scales                                 */
     float *w2_alpha;        /* [E_r]           global scale alpha_2                              */
-    float *w2_input_scale;  /* [E_r]           static scale a2 of the down projection's input   */
+    float *w2_input_scale;  /* [E_r]           static scale a2 of the down projection's input;  */
+                            /*                 0 where never loaded (weight-only, bf16 activations) */
     /* BF16 */
     uint16_t *w13_bf16; /* [E_r, 2I, H] bf16                                                */
     uint16_t *w2_bf16;  /* [E_r, H, I]  bf16                                                */
@@ -166,6 +167,9 @@ struct megamoe_layer {
 static inline int mm_layer_quantizes_activations(const megamoe_layer *l) {
     return l->config.format == MEGAMOE_FORMAT_NVFP4 && l->config.activations == MEGAMOE_ACTIVATIONS_NVFP4;
 }
+
+/* Appended to the message that names a missing down-projection input scale (layer.c, the loaders). */
+extern const char mm_weight_only_hint[];
 
 /* Sets the layer's message, prefixed with the layer name; returns status. */
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)

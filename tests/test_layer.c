@@ -566,6 +566,73 @@ static void test_padded_layout_computes_the_same(void **state) {
     padded_layer_same_y(MEGAMOE_FORMAT_BF16, MEGAMOE_ACTIVATIONS_BF16, 0.0f, 74);
 }
 
+/* Loads every weight of m but the input scales, per expert (the naming of a weight-only export). */
+static megamoe_status load_weight_only(const tu_model *m, megamoe_layer *l) {
+    const int64_t E = m->cfg.num_experts, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    for (int e = 0; e < E; e++) {
+        for (int proj = 0; proj < 3; proj++) {
+            const int down = proj == MEGAMOE_PROJ_DOWN;
+            const size_t rows = (size_t)(down ? H : I), cols = (size_t)(down ? I : H);
+            const size_t first = down ? (size_t)e * rows : ((size_t)e * 2 + (size_t)proj) * rows; /* row */
+            const uint8_t *codes = (down ? m->w2 : m->w13) + first * cols / 2;
+            const uint8_t *sf = (down ? m->w2_sf : m->w13_sf) + first * cols / 16;
+            const int64_t r = (int64_t)rows, k = (int64_t)cols;
+            const megamoe_tensor t[3] = {
+                {MEGAMOE_DTYPE_U8, 2, {r, k / 2}, codes},
+                {MEGAMOE_DTYPE_F8_E4M3, 2, {r, k / 16}, sf},
+                {MEGAMOE_DTYPE_F32, 0, {0}, down ? &m->w2_s2[e] : &m->w13_s2[2 * e + proj]}};
+            for (int field = 0; field < 3; field++) {
+                megamoe_status st = megamoe_layer_load_expert_weight(l, e, (megamoe_proj)proj,
+                                                                     (megamoe_field)field, &t[field]);
+                if (st) return st;
+            }
+        }
+    }
+    megamoe_tensor n = {MEGAMOE_DTYPE_F32, 1, {H}, m->norm};
+    return megamoe_layer_load_norm_weight(l, &n);
+}
+
+/* SPEC §6: a weight-only NVFP4 export (compressed-tensors NVFP4A16, ModelOpt W4A16) has no input
+ * scales. A layer with activations=bf16, where they are unused (§3b), finalizes without them and its
+ * y is bitwise the y of the same weights loaded with them; a layer with activations=nvfp4 refuses to
+ * finalize, naming the missing input scale and the mode that would take the export. */
+static void test_weight_only_nvfp4(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.intermediate_size = 192;
+    tu_model m;
+    tu_model_random(&m, &c, 1, 81);
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, 37, &c, 82);
+    uint16_t *want = forward_of(&m, &in), *y = malloc((size_t)37 * 256 * 2);
+    megamoe_group *g;
+    megamoe_layer *l;
+    make_empty(&c, 2, &g, &l);
+    assert_int_equal(load_weight_only(&m, l), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    assert_memory_equal(y, want, (size_t)37 * 256 * 2);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+
+    c.activations = MEGAMOE_ACTIVATIONS_NVFP4;
+    make_empty(&c, 2, &g, &l);
+    assert_int_equal(load_weight_only(&m, l), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_ERR_NOT_FINALIZED);
+    expect_msg(l, "expert 0 has no down_proj.input_scale", "activations=bf16");
+    expect_msg(l, "activations=nvfp4", "weight-only");
+    /* Loading the input scales then completes it (the weights loaded before are kept). */
+    megamoe_tensor w2_in = {MEGAMOE_DTYPE_F32, 1, {8}, m.w2_in};
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_input_scale", &w2_in), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    free(want), free(y);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+}
+
 /* Layers of one shape share one buffer (both formats); interleaved forwards stay correct. */
 static void test_buffer_sharing(void **state) {
     (void)state;
@@ -623,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_hostile_values),
         cmocka_unit_test(test_intermediate_multiple_of_64),
         cmocka_unit_test(test_padded_layout_computes_the_same),
+        cmocka_unit_test(test_weight_only_nvfp4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
