@@ -123,8 +123,8 @@ int mm_layout_pack_experts(uint8_t **w13, uint8_t **w13_sf, uint8_t **w2, uint8_
     } else {
         d13_bf16 = (uint16_t *)malloc((size_t)E * p13 * 2), d2_bf16 = (uint16_t *)malloc((size_t)E * p2 * 2);
     }
-    int ok = nvfp4 ? d13 && d13_sf && d2 && d2_sf : d13_bf16 && d2_bf16;
-    if (!ok) {
+    int ok = in_place || (nvfp4 ? d13 && d13_sf && d2 && d2_sf : d13_bf16 && d2_bf16);
+    if (!ok) { /* a new array could not be allocated */
         free(d13), free(d13_sf), free(d2), free(d2_sf), free(d13_bf16), free(d2_bf16);
         return 0;
     }
