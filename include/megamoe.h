@@ -178,7 +178,7 @@ typedef struct megamoe_layer_config {
     int num_experts;       /* E, global; E % R == 0                                      */
     int top_k;             /* K, 1..32                                                   */
     int hidden_size;       /* H, multiple of 256                                         */
-    int intermediate_size; /* I, per expert, multiple of 256                             */
+    int intermediate_size; /* I, per expert, multiple of 64 (the CUDA backend pads to 256) */
     int max_tokens;        /* T_max, tokens per rank per forward, >= 1                    */
     megamoe_weight_format format;
     megamoe_activations activations; /* NVFP4 layers: BF16 (default, SPEC §3b) or NVFP4 (§3);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "weight_layout.h"
 
 #define MM_BUFFER_ALIGN 256 /* every region starts on a 256-byte boundary */
 
@@ -38,7 +39,8 @@ void mm_buffer_layout_compute(int max_tokens, int top_k, int hidden_size, int de
     l->p = region(&off, T * K * H * 4);                       /* [T, K, H] f32 expert outputs */
     if (device) {
         const uint64_t R = (uint64_t)num_ranks, Er = (uint64_t)experts_per_rank;
-        const uint64_t I = (uint64_t)intermediate_size, slots = R * T * K;
+        /* The device kernels' I (weight_layout.h): their act rows are I_padded wide. */
+        const uint64_t I = (uint64_t)mm_layout_intermediate_padded(intermediate_size), slots = R * T * K;
         l->max_tiles = (int)(Er + (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS);
         const uint64_t tiles = (uint64_t)l->max_tiles;
         const int chunked = Er <= MM_ROUTE_CHUNK_EXPERTS;

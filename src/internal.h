@@ -48,7 +48,8 @@ typedef struct mm_buffer_layout {
     uint64_t tile_order;      /* [max_tiles] i32 tiles by tokens, most first (where the routing      */
                               /* writes it: sm90_route_orders_tiles), for the streaming kernel       */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
-    uint64_t act;             /* [R*T_max*K, I] 16-bit down-projection input (f16 NVFP4, bf16 BF16)  */
+    uint64_t act;             /* [R*T_max*K, I_padded] 16-bit down-projection input (f16 NVFP4, bf16  */
+                              /* BF16); I_padded: weight_layout.h                                    */
     uint64_t xg;              /* group.c gathers(), else 0: [xg_rows, H] 16-bit gate/up input by       */
                               /* slot row (x_f16 NVFP4, x BF16), copied once from the home ranks        */
     uint64_t route_chunks;    /* E_r <= MM_ROUTE_CHUNK_EXPERTS, else 0: [R * route_chunks_per_src,   */
@@ -138,7 +139,8 @@ typedef struct mm_rank_weights {
     uint8_t *w2;            /* [E_r, H, I/2]   e2m1 codes                                       */
     uint8_t *w2_sf;         /* [E_r, H, I/16]  e4m3 block scales                                 */
     float *w2_alpha;        /* [E_r]           global scale alpha_2                              */
-    float *w2_input_scale;  /* [E_r]           static scale a2 of the down projection's input   */
+    float *w2_input_scale;  /* [E_r]           static scale a2 of the down projection's input;  */
+                            /*                 0 where never loaded (weight-only, bf16 activations) */
     /* BF16 */
     uint16_t *w13_bf16; /* [E_r, 2I, H] bf16                                                */
     uint16_t *w2_bf16;  /* [E_r, H, I]  bf16                                                */
@@ -166,14 +168,19 @@ static inline int mm_layer_quantizes_activations(const megamoe_layer *l) {
     return l->config.format == MEGAMOE_FORMAT_NVFP4 && l->config.activations == MEGAMOE_ACTIVATIONS_NVFP4;
 }
 
+/* Appended to the message that names a missing down-projection input scale (layer.c, the loaders). */
+extern const char mm_weight_only_hint[];
+
 /* Sets the layer's message, prefixed with the layer name; returns status. */
 megamoe_status mm_layer_fail(megamoe_layer *layer, megamoe_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* SPEC §1's shape rules (layer.c, the one place): E in 1..MM_MAX_EXPERTS, H and I positive multiples of
- * 256 up to MM_MAX_DIM; and the activation clamp (finite, >= 0). Write a message naming the value. */
+/* SPEC §1's shape rules (layer.c, the one place): E in 1..MM_MAX_EXPERTS, H a positive multiple of 256
+ * and I of MM_I_MULTIPLE, both up to MM_MAX_DIM; and the activation clamp (finite, >= 0). Write a
+ * message naming the value. (The CUDA backend computes at I padded further: weight_layout.h.) */
 #define MM_MAX_EXPERTS 65536
 #define MM_MAX_DIM (1 << 20)
+#define MM_I_MULTIPLE 64
 megamoe_status mm_check_layer_shape(int64_t E, int64_t H, int64_t I, char *msg);
 megamoe_status mm_check_activation_clamp(float clamp, char *msg);
 

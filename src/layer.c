@@ -22,6 +22,11 @@ void megamoe_layer_config_init(megamoe_layer_config *config) {
     config->timeout_ms = 10000;
 }
 
+const char mm_weight_only_hint[] =
+    ": activations=nvfp4 quantizes the down projection's input with this static input scale; a weight-only "
+    "NVFP4 export (no input scales: compressed-tensors NVFP4A16, ModelOpt W4A16) loads into a layer with "
+    "activations=bf16 (SPEC §3b, §6)";
+
 /* SPEC §1's size rules, the one place that states them: the layer config (create), the checkpoint
  * reader (describe, so inspect and quantize refuse what run refuses) and quantize all call this. 64-bit
  * arguments, so a dimension read from a file is checked before it is narrowed to int. */
@@ -35,9 +40,9 @@ megamoe_status mm_check_layer_shape(int64_t E, int64_t H, int64_t I, char *msg) 
                      MM_MAX_DIM);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (I < 256 || I % 256 != 0 || I > MM_MAX_DIM) {
-        mm_set_error(msg, "intermediate_size I=%lld must be a positive multiple of 256 (at most %d)",
-                     (long long)I, MM_MAX_DIM);
+    if (I < MM_I_MULTIPLE || I % MM_I_MULTIPLE != 0 || I > MM_MAX_DIM) {
+        mm_set_error(msg, "intermediate_size I=%lld must be a positive multiple of %d (at most %d)",
+                     (long long)I, MM_I_MULTIPLE, MM_MAX_DIM);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     return MEGAMOE_OK;
@@ -562,18 +567,22 @@ megamoe_status megamoe_layer_load_norm_weight(megamoe_layer *l, const megamoe_te
 
 /* ---- Finalize ----------------------------------------------------------------------------------- */
 
-static uint16_t required_parts(megamoe_weight_format f) {
+/* The parts finalize needs: every weight, and for NVFP4 its block and global scales; the down
+ * projection's input scale a2 only where the layer quantizes its activations (SPEC §3). With bf16
+ * activations (§3b) no input scale is read, so a weight-only export, which has none, finalizes (§6);
+ * one that was never loaded stays 0 in the host arrays. Gate/up input scales are never required. */
+static uint16_t required_parts(const megamoe_layer *l) {
     uint16_t p = MM_PART(0, 0) | MM_PART(1, 0) | MM_PART(2, 0);
-    if (f == MEGAMOE_FORMAT_NVFP4)
-        p |= MM_PART(0, 1) | MM_PART(1, 1) | MM_PART(2, 1) | MM_PART(0, 2) | MM_PART(1, 2) | MM_PART(2, 2) |
-             MM_PART(2, 3);
+    if (l->config.format == MEGAMOE_FORMAT_NVFP4)
+        p |= MM_PART(0, 1) | MM_PART(1, 1) | MM_PART(2, 1) | MM_PART(0, 2) | MM_PART(1, 2) | MM_PART(2, 2);
+    if (mm_layer_quantizes_activations(l)) p |= MM_PART(MEGAMOE_PROJ_DOWN, MEGAMOE_FIELD_INPUT_SCALE);
     return p;
 }
 
 megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
     if (!l) return MEGAMOE_ERR_INVALID_ARGUMENT;
     if (l->finalized) return MEGAMOE_OK;
-    const uint16_t need = required_parts(l->config.format);
+    const uint16_t need = required_parts(l);
     int missing_experts = 0, first_expert = -1;
     uint16_t first_missing = 0;
     for (int r = 0; r < l->group->local_ranks; r++) {
@@ -590,11 +599,12 @@ megamoe_status megamoe_layer_finalize(megamoe_layer *l) {
     }
     if (missing_experts) {
         int bit = __builtin_ctz(first_missing);
+        const int input_scale_only = first_missing == MM_PART(MEGAMOE_PROJ_DOWN, MEGAMOE_FIELD_INPUT_SCALE);
         return mm_layer_fail(l, MEGAMOE_ERR_NOT_FINALIZED,
-                             "cannot finalize: expert %d has no %s.%s%s (%d local expert%s incomplete)",
+                             "cannot finalize: expert %d has no %s.%s%s (%d local expert%s incomplete)%s",
                              first_expert, mm_proj_names[0][bit / 4], mm_field_names[0][bit % 4],
                              __builtin_popcount(first_missing) > 1 ? " and more" : "", missing_experts,
-                             missing_experts == 1 ? "" : "s");
+                             missing_experts == 1 ? "" : "s", input_scale_only ? mm_weight_only_hint : "");
     }
     if (l->norm_weight) {
         const int H = l->config.hidden_size;

@@ -25,6 +25,11 @@
  * GEMM block), a slab's steps in order, and within a step its 8 groups side by side, so each K step
  * of a block reads one contiguous run (4 KB of codes and 512 B of scales for NVFP4) instead of 8
  * runs of 512 B; the many small runs cost DRAM row switches when every SM streams its own rows.
+ * Padded I: the layout holds every expert at I_padded = mm_layout_intermediate_padded(I) (SPEC §1
+ * allows any multiple of 64): gate and up rows [I, I_padded) and down columns [I, I_padded) are zero
+ * -- E2M1 code 0 with block scale 0 (NVFP4), so they decode to exactly 0. That changes no output: a
+ * padded gate/up row gives g = u = 0, a = silu(0) * 0 = 0, whose 16-blocks quantize to scale 0 and
+ * codes 0 (SPEC §3), and meets zero down columns.
  */
 #ifndef MEGAMOE_WEIGHT_LAYOUT_H
 #define MEGAMOE_WEIGHT_LAYOUT_H
@@ -33,7 +38,19 @@
 #include <stdint.h>
 
 #define MM_FRAG_K 64
-#define MM_SLAB_GROUPS 8 /* rows % 128 == 0 (H and I are multiples of 256) */
+#define MM_SLAB_GROUPS 8 /* rows % 128 == 0 (H and the padded I are multiples of 256) */
+
+/* NOTE: the device GEMMs are built and tested for I % 256 == 0: their 256-row gate/up blocks (2I rows),
+ * the warp-specialized kernels' K loop over I in pairs of 64-wide steps, the streaming kernel's
+ * 4-step unroll. So the device backends compute at I rounded up to this tile; H needs no padding
+ * (SPEC §1 asks a multiple of 256). */
+#define MM_LAYOUT_I_TILE 256
+
+/* The intermediate size the kernels compute at, and every I-shaped device size (the packed weights,
+ * the buffer's act rows, mm_dev_shape.I) is sized with: I rounded up to MM_LAYOUT_I_TILE. */
+static inline int64_t mm_layout_intermediate_padded(int64_t I) {
+    return (I + MM_LAYOUT_I_TILE - 1) / MM_LAYOUT_I_TILE * MM_LAYOUT_I_TILE;
+}
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,13 +90,16 @@ void mm_layout_unpack_nvfp4(const uint8_t *codes, const uint8_t *sf, int64_t row
 void mm_layout_pack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out);
 void mm_layout_unpack_bf16(const uint16_t *w, int64_t rows, int64_t K, int gate_up, uint16_t *out);
 
-/* Packs E experts of one rank in place (checkpoint layout in, kernel layout out, the same bytes):
- * NVFP4 when w13 is not NULL (w13 [E, 2I, H/2] + w13_sf [E, 2I, H/16], w2 [E, H, I/2] + w2_sf
- * [E, H, I/16]), else BF16 (w13_bf16 [E, 2I, H], w2_bf16 [E, H, I]). Experts in parallel on up to
- * `threads` threads (OpenMP where built with it), each through a scratch of one expert's w13.
- * Returns 0 if a scratch could not be allocated (some experts may then be packed, others not). */
-int mm_layout_pack_experts(uint8_t *w13, uint8_t *w13_sf, uint8_t *w2, uint8_t *w2_sf, uint16_t *w13_bf16,
-                           uint16_t *w2_bf16, int E, int64_t H, int64_t I, int threads);
+/* Packs E experts of one rank into the kernel layout at I_padded = mm_layout_intermediate_padded(I).
+ * The malloc'd arrays hold the checkpoint layout at I on entry -- NVFP4 when *w13 is not NULL (w13
+ * [E, 2I, H/2] + w13_sf [E, 2I, H/16], w2 [E, H, I/2] + w2_sf [E, H, I/16]), else BF16 (w13_bf16
+ * [E, 2I, H], w2_bf16 [E, H, I]) -- and the kernel layout on return: in place where I_padded == I,
+ * else in arrays of the padded size that replace them (the old ones freed), with the zero rows and
+ * columns above. Experts in parallel on up to `threads` threads (OpenMP where built with it), each
+ * through a scratch of one expert's padded w13. Returns 0 where memory ran out: the arrays are then
+ * unchanged where I was padded, else some experts may be packed and others not. */
+int mm_layout_pack_experts(uint8_t **w13, uint8_t **w13_sf, uint8_t **w2, uint8_t **w2_sf,
+                           uint16_t **w13_bf16, uint16_t **w2_bf16, int E, int64_t H, int64_t I, int threads);
 
 #ifdef __cplusplus
 }

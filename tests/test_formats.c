@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "formats.h"
+#include "internal.h"
 #include "weight_layout.h"
 
 static const float k_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
@@ -171,15 +172,17 @@ static void test_weight_layout_round_trip(void **state) {
     assert_int_equal(ps[(unit * 8 + 3) * 8 + 7], sf[row * (K / 16) + 4 * 2 + 3]);
 }
 
-/* mm_layout_pack_experts (finalize's in-place repack, experts on several threads) gives every expert
- * exactly the bytes of the one-matrix packers, both formats, with more threads than experts too. */
+/* mm_layout_pack_experts (finalize's in-place repack where I is a multiple of the kernels' tile,
+ * experts on several threads) gives every expert exactly the bytes of the one-matrix packers, both
+ * formats, with more threads than experts too. */
 static void test_pack_experts_in_place(void **state) {
     (void)state;
-    enum { E = 5, H = 256, I = 128 }; /* w13 [E, 256, 256], w2 [E, 256, 128] */
+    enum { E = 5, H = 256, I = 256 }; /* w13 [E, 512, 256], w2 [E, 256, 256] */
     const size_t n13 = 2 * I * H, n2 = (size_t)H * I;
     uint8_t *c13 = malloc(E * n13 / 2), *s13 = malloc(E * n13 / 16), *c2 = malloc(E * n2 / 2), *s2 = malloc(E * n2 / 16);
     uint16_t *b13 = malloc(E * n13 * 2), *b2 = malloc(E * n2 * 2);
     assert_non_null(c13 && s13 && c2 && s2 && b13 && b2);
+    assert_int_equal(mm_layout_intermediate_padded(I), I);
     for (int threads = 1; threads <= 8; threads += 7) {
         uint64_t x = 0x9E3779B97F4A7C15ull * (uint64_t)threads;
         const size_t nbytes[6] = {E * n13 / 2, E * n13 / 16, E * n2 / 2, E * n2 / 16, E * n13 * 2, E * n2 * 2};
@@ -203,8 +206,13 @@ static void test_pack_experts_in_place(void **state) {
             mm_layout_pack_bf16(b2 + e * n2, H, I, 0, (uint16_t *)p);
             p += n2 * 2;
         }
-        assert_int_equal(mm_layout_pack_experts(c13, s13, c2, s2, NULL, NULL, E, H, I, threads), 1);
-        assert_int_equal(mm_layout_pack_experts(NULL, NULL, NULL, NULL, b13, b2, E, H, I, threads), 1);
+        const uint8_t *before[6] = {c13, s13, c2, s2, (uint8_t *)b13, (uint8_t *)b2};
+        uint8_t *none = NULL;
+        uint16_t *none16 = NULL;
+        assert_int_equal(mm_layout_pack_experts(&c13, &s13, &c2, &s2, &none16, &none16, E, H, I, threads), 1);
+        assert_int_equal(mm_layout_pack_experts(&none, &none, &none, &none, &b13, &b2, E, H, I, threads), 1);
+        const uint8_t *after[6] = {c13, s13, c2, s2, (uint8_t *)b13, (uint8_t *)b2};
+        assert_memory_equal(before, after, sizeof before); /* in place: the same arrays */
         p = want;
         for (int e = 0; e < E; e++) {
             assert_memory_equal(c13 + e * n13 / 2, p, n13 / 2);
@@ -223,6 +231,114 @@ static void test_pack_experts_in_place(void **state) {
     free(c13), free(s13), free(c2), free(s2), free(b13), free(b2);
 }
 
+static uint8_t *random_bytes(size_t n, uint64_t seed) {
+    uint8_t *b = malloc(n);
+    assert_non_null(b);
+    uint64_t x = seed;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        b[i] = (uint8_t)((x * 0x2545F4914F6CDD1Dull) >> 56);
+    }
+    return b;
+}
+
+static uint8_t *copy_of(const void *src, size_t n) {
+    uint8_t *c = malloc(n);
+    assert_non_null(c);
+    memcpy(c, src, n);
+    return c;
+}
+
+static int all_zero(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i]) return 0;
+    return 1;
+}
+
+/* Gate/up [2 IP, row] unpacked at the padded I against the checkpoint [2I, row]: gate rows, zero rows
+ * up to IP, up rows, zero rows. */
+static void check_gate_up_padded(const uint8_t *got, const uint8_t *ckpt, int64_t I, int64_t IP, size_t row) {
+    assert_memory_equal(got, ckpt, (size_t)I * row);
+    assert_true(all_zero(got + (size_t)I * row, (size_t)(IP - I) * row));
+    assert_memory_equal(got + (size_t)IP * row, ckpt + (size_t)I * row, (size_t)I * row);
+    assert_true(all_zero(got + (size_t)(IP + I) * row, (size_t)(IP - I) * row));
+}
+
+/* Down [rows, IP cols] unpacked at the padded I against the checkpoint [rows, I cols] (bytes per row). */
+static void check_down_padded(const uint8_t *got, const uint8_t *ckpt, int64_t rows, size_t row,
+                              size_t row_padded) {
+    for (int64_t r = 0; r < rows; r++) {
+        assert_memory_equal(got + (size_t)r * row_padded, ckpt + (size_t)r * row, row);
+        assert_true(all_zero(got + (size_t)r * row_padded + row, row_padded - row));
+    }
+}
+
+/* SPEC §1 allows any I that is a multiple of 64; the kernels compute at I padded to MM_LAYOUT_I_TILE.
+ * Finalize's packer pads: unpacked at the padded I, every expert is its checkpoint weights plus zero
+ * gate and up rows [I, I_padded) and zero down columns [I, I_padded) -- E2M1 code 0 with block scale
+ * 0 (NVFP4), so a padded weight decodes to exactly 0 (and an all-zero block of the padded a = 0
+ * quantizes to scale 0, codes 0: SPEC §3) -- in arrays of the padded size that replace the
+ * checkpoint ones. */
+static void test_pack_experts_pads_intermediate(void **state) {
+    (void)state;
+    assert_int_equal(MM_LAYOUT_I_TILE % 64, 0);
+    const int64_t sizes[][2] = {{64, 256}, {192, 256}, {256, 256}, {320, 512}, {1408, 1536}, {2048, 2048}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        assert_int_equal(mm_layout_intermediate_padded(sizes[i][0]), sizes[i][1]);
+    assert_true(mm_e2m1_to_f32(0) * mm_e4m3_to_f32(0) == 0.0f);
+    enum { E = 3, H = 256, I = 192, IP = 256 };
+    const size_t n13 = 2 * I * H, n2 = (size_t)H * I, p13 = 2 * IP * H, p2 = (size_t)H * IP;
+    uint8_t *c13 = random_bytes(E * n13 / 2, 1), *s13 = random_bytes(E * n13 / 16, 2);
+    uint8_t *c2 = random_bytes(E * n2 / 2, 3), *s2 = random_bytes(E * n2 / 16, 4);
+    uint16_t *b13 = (uint16_t *)random_bytes(E * n13 * 2, 5), *b2 = (uint16_t *)random_bytes(E * n2 * 2, 6);
+    uint8_t *uc = malloc(p13 / 2), *us = malloc(p13 / 16);
+    uint16_t *ub = malloc(p13 * 2);
+    assert_non_null(uc && us && ub);
+    for (int threads = 1; threads <= 4; threads += 3) {
+        uint8_t *k13 = copy_of(c13, E * n13 / 2), *ks13 = copy_of(s13, E * n13 / 16);
+        uint8_t *k2 = copy_of(c2, E * n2 / 2), *ks2 = copy_of(s2, E * n2 / 16);
+        uint16_t *kb13 = (uint16_t *)copy_of(b13, E * n13 * 2), *kb2 = (uint16_t *)copy_of(b2, E * n2 * 2);
+        uint8_t *none = NULL;
+        uint16_t *none16 = NULL;
+        int ok = mm_layout_pack_experts(&k13, &ks13, &k2, &ks2, &none16, &none16, E, H, I, threads);
+        ok = ok && mm_layout_pack_experts(&none, &none, &none, &none, &kb13, &kb2, E, H, I, threads);
+        assert_int_equal(ok, 1);
+        assert_null(none), assert_null(none16);
+        for (int e = 0; e < E; e++) {
+            mm_layout_unpack_nvfp4(k13 + e * p13 / 2, ks13 + e * p13 / 16, 2 * IP, H, 1, uc, us);
+            check_gate_up_padded(uc, c13 + e * n13 / 2, I, IP, H / 2);
+            check_gate_up_padded(us, s13 + e * n13 / 16, I, IP, H / 16);
+            mm_layout_unpack_nvfp4(k2 + e * p2 / 2, ks2 + e * p2 / 16, H, IP, 0, uc, us);
+            check_down_padded(uc, c2 + e * n2 / 2, H, I / 2, IP / 2);
+            check_down_padded(us, s2 + e * n2 / 16, H, I / 16, IP / 16);
+            mm_layout_unpack_bf16(kb13 + e * p13, 2 * IP, H, 1, ub);
+            check_gate_up_padded((const uint8_t *)ub, (const uint8_t *)(b13 + e * n13), I, IP, H * 2);
+            mm_layout_unpack_bf16(kb2 + e * p2, H, IP, 0, ub);
+            check_down_padded((const uint8_t *)ub, (const uint8_t *)(b2 + e * n2), H, I * 2, IP * 2);
+        }
+        free(k13), free(ks13), free(k2), free(ks2), free(kb13), free(kb2);
+    }
+    free(uc), free(us), free(ub);
+    free(c13), free(s13), free(c2), free(s2), free(b13), free(b2);
+}
+
+/* The CUDA backend sizes everything I-shaped at the padded I: its communication buffer (the act
+ * region of [R*T_max*K, I] 16-bit rows and every offset after it) is the padded shape's, so a layer
+ * of I = 1408 has the buffer of I = 1536 (the uploads and mm_dev_shape.I take the same
+ * mm_layout_intermediate_padded). The CPU buffer has no I-shaped region. */
+static void test_buffer_layout_padded_intermediate(void **state) {
+    (void)state;
+    for (int device = 0; device < 2; device++) {
+        mm_buffer_layout a, b;
+        mm_buffer_layout_compute(64, 8, 1024, device, device, 2, 16, 1408, &a);
+        mm_buffer_layout_compute(64, 8, 1024, device, device, 2, 16, 1536, &b);
+        assert_memory_equal(&a, &b, sizeof a);
+    }
+    mm_buffer_layout a;
+    mm_buffer_layout_compute(64, 8, 1024, 1, 0, 2, 16, 192, &a);
+    assert_true(a.error - a.act >= 2ull * 64 * 8 * 256 * 2); /* act: [R*T_max*K, 256] 16-bit rows */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_e2m1_decode_all_codes),
@@ -233,6 +349,8 @@ int main(void) {
         cmocka_unit_test(test_block_quantizer),
         cmocka_unit_test(test_weight_layout_round_trip),
         cmocka_unit_test(test_pack_experts_in_place),
+        cmocka_unit_test(test_pack_experts_pads_intermediate),
+        cmocka_unit_test(test_buffer_layout_padded_intermediate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 
 #include "internal.h"
 #include "test_util.h"
+#include "weight_layout.h"
 
 static megamoe_layer_config small_config(megamoe_weight_format f) {
     megamoe_layer_config c;
@@ -50,8 +51,12 @@ static void test_size_rules(void **state) {
     c.hidden_size = 1000;
     expect_create_error(1, c, "H=1000", "multiple of 256");
     c = small_config(MEGAMOE_FORMAT_BF16);
-    c.intermediate_size = 128;
-    expect_create_error(1, c, "I=128", "multiple of 256");
+    c.intermediate_size = 96;
+    expect_create_error(1, c, "I=96", "multiple of 64");
+    c.intermediate_size = 0;
+    expect_create_error(1, c, "I=0", "multiple of 64");
+    c.intermediate_size = (1 << 20) + 64;
+    expect_create_error(1, c, "I=1048640", "at most 1048576");
     c = small_config(MEGAMOE_FORMAT_NVFP4);
     c.top_k = 33;
     expect_create_error(1, c, "K=33", "1..32");
@@ -261,10 +266,11 @@ static void check_edge_rows(const tu_inputs *in, const uint16_t *y) {
     /* Token 7 is all zeros: every expert maps 0 to 0 (no bias), so its row is zero too. */
 }
 
-/* y bitwise equal for R = 1, 2, 4; returns y of R = 1 (the caller frees it). */
-static uint16_t *run_r_invariance_act(megamoe_weight_format f, megamoe_activations act, int with_norm,
-                                      float clamp) {
+/* y bitwise equal for R = 1, 2, 4 at intermediate size I; returns y of R = 1 (the caller frees it). */
+static uint16_t *run_r_invariance_shape(megamoe_weight_format f, megamoe_activations act, int with_norm,
+                                        float clamp, int I) {
     megamoe_layer_config c = small_config(f);
+    c.intermediate_size = I;
     c.activation_clamp = clamp;
     c.activations = act;
     tu_model m;
@@ -292,6 +298,11 @@ static uint16_t *run_r_invariance_act(megamoe_weight_format f, megamoe_activatio
     tu_inputs_free(&in);
     tu_model_free(&m);
     return y[0];
+}
+
+static uint16_t *run_r_invariance_act(megamoe_weight_format f, megamoe_activations act, int with_norm,
+                                      float clamp) {
+    return run_r_invariance_shape(f, act, with_norm, clamp, 256);
 }
 
 static void run_r_invariance(megamoe_weight_format f, int with_norm, float clamp) {
@@ -458,6 +469,170 @@ static void test_hostile_values(void **state) {
     tu_model_free(&m);
 }
 
+/* SPEC §1: I is any multiple of 64 (real models use 1408). Layers of I = 64, 192 and 320 create, load,
+ * finalize and run in both formats and both activation modes, y bitwise the same for R = 1, 2, 4 with
+ * the edge-case rows of SPEC §5. (Their numbers against the float64 reference:
+ * tests/py/test_layer_reference.py.) */
+static void test_intermediate_multiple_of_64(void **state) {
+    (void)state;
+    const int sizes[3] = {64, 192, 320};
+    for (int i = 0; i < 3; i++) {
+        free(run_r_invariance_shape(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_BF16, 1, 0.0f, sizes[i]));
+        free(run_r_invariance_shape(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, 1, 0.0f, sizes[i]));
+        free(run_r_invariance_shape(MEGAMOE_FORMAT_BF16, MEGAMOE_ACTIVATIONS_BF16, 0, 0.0f, sizes[i]));
+    }
+}
+
+/* Runs model m on a 2-rank CPU group; returns y (the caller frees it). */
+static uint16_t *forward_of(const tu_model *m, const tu_inputs *in) {
+    megamoe_group *g;
+    megamoe_layer *l;
+    tu_layer_make(m, 2, &g, &l);
+    uint16_t *y = malloc((size_t)in->T * in->H * 2);
+    assert_non_null(y);
+    if (tu_forward(g, l, in, y) != MEGAMOE_OK) fail_msg("%s", megamoe_layer_last_error(l));
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    return y;
+}
+
+/* The device backends compute at I padded to MM_LAYOUT_I_TILE (weight_layout.h). Here on the CPU: the
+ * experts of an I = 192 layer, packed as finalize packs them and unpacked at the padded I = 256, make
+ * an I = 256 layer whose y is bitwise the I = 192 layer's, in both formats and both activation modes
+ * (with a clamp): the zero gate/up rows give a = silu(0) * 0 = 0, which the down projection's input
+ * quantization (SPEC §3) turns into block scale 0 and codes 0, against zero columns of block scale 0. */
+static void padded_layer_same_y(megamoe_weight_format f, megamoe_activations act, float clamp,
+                                uint64_t seed) {
+    enum { E = 8, H = 256, I = 192 };
+    const int64_t IP = mm_layout_intermediate_padded(I);
+    assert_int_equal(IP, 256);
+    megamoe_layer_config c = small_config(f), cp;
+    c.intermediate_size = I;
+    c.activations = act;
+    c.activation_clamp = clamp;
+    cp = c;
+    cp.intermediate_size = (int)IP;
+    tu_model m, mp;
+    tu_model_random(&m, &c, 1, seed);
+    tu_model_random(&mp, &cp, 1, seed); /* its weights are replaced below, its scales and norm copied */
+    const int nvfp4 = f == MEGAMOE_FORMAT_NVFP4;
+    const size_t n13 = 2 * I * H, n2 = (size_t)H * I, p13 = (size_t)(2 * IP * H), p2 = (size_t)(H * IP);
+    if (nvfp4) {
+        uint8_t *k13 = malloc(E * n13 / 2), *ks13 = malloc(E * n13 / 16), *k2 = malloc(E * n2 / 2),
+                *ks2 = malloc(E * n2 / 16);
+        uint16_t *none = NULL;
+        assert_non_null(k13 && ks13 && k2 && ks2);
+        memcpy(k13, m.w13, E * n13 / 2), memcpy(ks13, m.w13_sf, E * n13 / 16);
+        memcpy(k2, m.w2, E * n2 / 2), memcpy(ks2, m.w2_sf, E * n2 / 16);
+        assert_int_equal(mm_layout_pack_experts(&k13, &ks13, &k2, &ks2, &none, &none, E, H, I, 2), 1);
+        for (int e = 0; e < E; e++) {
+            mm_layout_unpack_nvfp4(k13 + e * p13 / 2, ks13 + e * p13 / 16, 2 * IP, H, 1, mp.w13 + e * p13 / 2,
+                                   mp.w13_sf + e * p13 / 16);
+            mm_layout_unpack_nvfp4(k2 + e * p2 / 2, ks2 + e * p2 / 16, H, IP, 0, mp.w2 + e * p2 / 2,
+                                   mp.w2_sf + e * p2 / 16);
+        }
+        free(k13), free(ks13), free(k2), free(ks2);
+        memcpy(mp.w13_s2, m.w13_s2, E * 2 * 4), memcpy(mp.w13_in, m.w13_in, E * 2 * 4);
+        memcpy(mp.w2_s2, m.w2_s2, E * 4), memcpy(mp.w2_in, m.w2_in, E * 4);
+    } else {
+        uint16_t *k13 = malloc(E * n13 * 2), *k2 = malloc(E * n2 * 2);
+        uint8_t *none = NULL;
+        assert_non_null(k13 && k2);
+        memcpy(k13, m.w13_bf16, E * n13 * 2), memcpy(k2, m.w2_bf16, E * n2 * 2);
+        assert_int_equal(mm_layout_pack_experts(&none, &none, &none, &none, &k13, &k2, E, H, I, 2), 1);
+        for (int e = 0; e < E; e++) {
+            mm_layout_unpack_bf16(k13 + e * p13, 2 * IP, H, 1, mp.w13_bf16 + e * p13);
+            mm_layout_unpack_bf16(k2 + e * p2, H, IP, 0, mp.w2_bf16 + e * p2);
+        }
+        free(k13), free(k2);
+    }
+    memcpy(mp.norm, m.norm, H * 4);
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, 37, &c, seed + 1);
+    uint16_t *y = forward_of(&m, &in), *yp = forward_of(&mp, &in);
+    check_edge_rows(&in, y);
+    assert_memory_equal(y, yp, (size_t)in.T * H * 2);
+    free(y), free(yp);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+    tu_model_free(&mp);
+}
+
+static void test_padded_layout_computes_the_same(void **state) {
+    (void)state;
+    padded_layer_same_y(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_BF16, 0.0f, 71);
+    padded_layer_same_y(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, 0.0f, 72);
+    padded_layer_same_y(MEGAMOE_FORMAT_NVFP4, MEGAMOE_ACTIVATIONS_NVFP4, 0.5f, 73);
+    padded_layer_same_y(MEGAMOE_FORMAT_BF16, MEGAMOE_ACTIVATIONS_BF16, 0.0f, 74);
+}
+
+/* Loads every weight of m but the input scales, per expert (the naming of a weight-only export). */
+static megamoe_status load_weight_only(const tu_model *m, megamoe_layer *l) {
+    const int64_t E = m->cfg.num_experts, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    for (int e = 0; e < E; e++) {
+        for (int proj = 0; proj < 3; proj++) {
+            const int down = proj == MEGAMOE_PROJ_DOWN;
+            const size_t rows = (size_t)(down ? H : I), cols = (size_t)(down ? I : H);
+            const size_t first = down ? (size_t)e * rows : ((size_t)e * 2 + (size_t)proj) * rows; /* row */
+            const uint8_t *codes = (down ? m->w2 : m->w13) + first * cols / 2;
+            const uint8_t *sf = (down ? m->w2_sf : m->w13_sf) + first * cols / 16;
+            const int64_t r = (int64_t)rows, k = (int64_t)cols;
+            const megamoe_tensor t[3] = {
+                {MEGAMOE_DTYPE_U8, 2, {r, k / 2}, codes},
+                {MEGAMOE_DTYPE_F8_E4M3, 2, {r, k / 16}, sf},
+                {MEGAMOE_DTYPE_F32, 0, {0}, down ? &m->w2_s2[e] : &m->w13_s2[2 * e + proj]}};
+            for (int field = 0; field < 3; field++) {
+                megamoe_status st = megamoe_layer_load_expert_weight(l, e, (megamoe_proj)proj,
+                                                                     (megamoe_field)field, &t[field]);
+                if (st) return st;
+            }
+        }
+    }
+    megamoe_tensor n = {MEGAMOE_DTYPE_F32, 1, {H}, m->norm};
+    return megamoe_layer_load_norm_weight(l, &n);
+}
+
+/* SPEC §6: a weight-only NVFP4 export (compressed-tensors NVFP4A16, ModelOpt W4A16) has no input
+ * scales. A layer with activations=bf16, where they are unused (§3b), finalizes without them and its
+ * y is bitwise the y of the same weights loaded with them; a layer with activations=nvfp4 refuses to
+ * finalize, naming the missing input scale and the mode that would take the export. */
+static void test_weight_only_nvfp4(void **state) {
+    (void)state;
+    megamoe_layer_config c = small_config(MEGAMOE_FORMAT_NVFP4);
+    c.intermediate_size = 192;
+    tu_model m;
+    tu_model_random(&m, &c, 1, 81);
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, 37, &c, 82);
+    uint16_t *want = forward_of(&m, &in), *y = malloc((size_t)37 * 256 * 2);
+    megamoe_group *g;
+    megamoe_layer *l;
+    make_empty(&c, 2, &g, &l);
+    assert_int_equal(load_weight_only(&m, l), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    assert_memory_equal(y, want, (size_t)37 * 256 * 2);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+
+    c.activations = MEGAMOE_ACTIVATIONS_NVFP4;
+    make_empty(&c, 2, &g, &l);
+    assert_int_equal(load_weight_only(&m, l), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_ERR_NOT_FINALIZED);
+    expect_msg(l, "expert 0 has no down_proj.input_scale", "activations=bf16");
+    expect_msg(l, "activations=nvfp4", "weight-only");
+    /* Loading the input scales then completes it (the weights loaded before are kept). */
+    megamoe_tensor w2_in = {MEGAMOE_DTYPE_F32, 1, {8}, m.w2_in};
+    assert_int_equal(megamoe_layer_load_weight(l, "w2_input_scale", &w2_in), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_finalize(l), MEGAMOE_OK);
+    assert_int_equal(tu_forward(g, l, &in, y), MEGAMOE_OK);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    free(want), free(y);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+}
+
 /* Layers of one shape share one buffer (both formats); interleaved forwards stay correct. */
 static void test_buffer_sharing(void **state) {
     (void)state;
@@ -513,6 +688,9 @@ int main(void) {
         cmocka_unit_test(test_token_counts_and_bad_ids),
         cmocka_unit_test(test_buffer_sharing),
         cmocka_unit_test(test_hostile_values),
+        cmocka_unit_test(test_intermediate_multiple_of_64),
+        cmocka_unit_test(test_padded_layout_computes_the_same),
+        cmocka_unit_test(test_weight_only_nvfp4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /*
  * test_safetensors.c -- the reader and writer: round trips, shards, and every malformed file
  * giving an error that names the file and the tensor, never a crash.
- * (tests/py/test_checkpoints.py cross-checks against the Python safetensors package.)
+ * (tests/py/test_checkpoints.py cross-checks against the Python safetensors package.) And weight-only
+ * NVFP4 exports loaded from files the writer made.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -211,12 +212,143 @@ static void test_every_truncation(void **state) {
     free(dir);
 }
 
+/* The tensors of NVFP4 model m (stacked layout) under the prefix "moe", in a naming of SPEC §6: 0
+ * stacked, 1 per expert (ModelOpt), 2 per expert compressed-tensors (global scales stored as
+ * reciprocals, in inv[]); the input scales only when with_inputs. Names go to names[][96]. Returns the
+ * count. */
+static int export_tensors(const tu_model *m, int naming, int with_inputs, megamoe_named_tensor *ts,
+                          char (*names)[96], float *inv) {
+    const int64_t E = m->cfg.num_experts, H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    int n = 0;
+    if (naming == 0) {
+        const megamoe_named_tensor all[8] = {
+            {"moe.w13_weight", {MEGAMOE_DTYPE_U8, 3, {E, 2 * I, H / 2}, m->w13}},
+            {"moe.w13_weight_scale", {MEGAMOE_DTYPE_F8_E4M3, 3, {E, 2 * I, H / 16}, m->w13_sf}},
+            {"moe.w13_weight_scale_2", {MEGAMOE_DTYPE_F32, 2, {E, 2}, m->w13_s2}},
+            {"moe.w2_weight", {MEGAMOE_DTYPE_U8, 3, {E, H, I / 2}, m->w2}},
+            {"moe.w2_weight_scale", {MEGAMOE_DTYPE_F8_E4M3, 3, {E, H, I / 16}, m->w2_sf}},
+            {"moe.w2_weight_scale_2", {MEGAMOE_DTYPE_F32, 1, {E}, m->w2_s2}},
+            {"moe.w13_input_scale", {MEGAMOE_DTYPE_F32, 2, {E, 2}, m->w13_in}},
+            {"moe.w2_input_scale", {MEGAMOE_DTYPE_F32, 1, {E}, m->w2_in}},
+        };
+        for (; n < (with_inputs ? 8 : 6); n++)
+            ts[n] = all[n];
+        return n;
+    }
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    const int ct = naming == 2;
+    const char *const field[4] = {ct ? "weight_packed" : "weight", "weight_scale",
+                                  ct ? "weight_global_scale" : "weight_scale_2",
+                                  ct ? "input_global_scale" : "input_scale"};
+    for (int e = 0; e < E; e++) {
+        for (int p = 0; p < 3; p++) {
+            const int down = p == 2;
+            const int64_t rows = down ? H : I, cols = down ? I : H;
+            const size_t first = down ? (size_t)(e * H) : (size_t)((2 * e + p) * I); /* first row */
+            const float s2 = down ? m->w2_s2[e] : m->w13_s2[2 * e + p];
+            const float in = down ? m->w2_in[e] : m->w13_in[2 * e + p];
+            float *sc = inv + (size_t)(e * 3 + p) * 2;
+            sc[0] = ct ? 1.0f / s2 : s2;
+            sc[1] = ct ? 1.0f / in : in;
+            const uint8_t *codes = (down ? m->w2 : m->w13) + first * (size_t)cols / 2;
+            const uint8_t *sf = (down ? m->w2_sf : m->w13_sf) + first * (size_t)cols / 16;
+            const megamoe_tensor t[4] = {{MEGAMOE_DTYPE_U8, 2, {rows, cols / 2}, codes},
+                                         {MEGAMOE_DTYPE_F8_E4M3, 2, {rows, cols / 16}, sf},
+                                         {MEGAMOE_DTYPE_F32, 0, {0}, &sc[0]},
+                                         {MEGAMOE_DTYPE_F32, 1, {1}, &sc[1]}};
+            for (int f = 0; f < (with_inputs ? 4 : 3); f++) {
+                snprintf(names[n], 96, "moe.experts.%d.%s.%s", e, proj[p], field[f]);
+                ts[n].name = names[n];
+                ts[n].tensor = t[f];
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+/* Loads the checkpoint at path into a new layer (2 CPU ranks) and runs it; returns the finalize status
+ * (on success y holds the forward's output), with the layer's message in msg. */
+static megamoe_status load_and_run(const char *path, megamoe_layer_config c, const tu_inputs *in, uint16_t *y,
+                                   char *msg) {
+    megamoe_group_config gc;
+    megamoe_group_config_init(&gc);
+    gc.num_ranks = 2;
+    megamoe_group *g = NULL;
+    megamoe_layer *l = NULL;
+    megamoe_checkpoint *ck = NULL;
+    assert_int_equal(megamoe_group_create(&gc, &g), MEGAMOE_OK);
+    assert_int_equal(megamoe_layer_create(g, &c, &l), MEGAMOE_OK);
+    assert_int_equal(megamoe_checkpoint_open(path, &ck), MEGAMOE_OK);
+    megamoe_status st = megamoe_layer_load_checkpoint(l, ck, "moe", NULL, NULL);
+    if (st == MEGAMOE_OK) st = megamoe_layer_finalize(l);
+    if (st == MEGAMOE_OK) assert_int_equal(tu_forward(g, l, in, y), MEGAMOE_OK);
+    snprintf(msg, MM_ERR_LEN, "%s", megamoe_layer_last_error(l));
+    megamoe_checkpoint_close(ck);
+    megamoe_layer_destroy(l);
+    megamoe_group_destroy(g);
+    return st;
+}
+
+/* SPEC §6: weight-only NVFP4 exports (compressed-tensors NVFP4A16, ModelOpt W4A16) carry no input
+ * scales. Written by the C writer in the stacked, per-expert and compressed-tensors per-expert
+ * namings (I = 192, a multiple of 64 the kernels pad): a layer with activations=bf16 loads each and
+ * its y is bitwise the y of the same export with input scales; a layer with activations=nvfp4 refuses
+ * each, naming the missing input scale of the down projection and activations=bf16. */
+static void test_weight_only_exports(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    megamoe_layer_config c;
+    megamoe_layer_config_init(&c);
+    c.name = "wo";
+    c.num_experts = 4, c.top_k = 2, c.hidden_size = 256, c.intermediate_size = 192, c.max_tokens = 20;
+    tu_model m;
+    tu_model_random(&m, &c, 0, 91);
+    tu_inputs in;
+    tu_inputs_edge_cases(&in, 20, &c, 92);
+    const size_t ybytes = (size_t)20 * 256 * 2;
+    uint16_t *want = malloc(ybytes), *y = malloc(ybytes);
+    megamoe_named_tensor *ts = calloc(64, sizeof *ts);
+    char(*names)[96] = calloc(64, 96);
+    float inv[4 * 3 * 2];
+    char path[4096], err[256], msg[MM_ERR_LEN];
+    static const char *const missing[3] = {"moe.w2_input_scale", "moe.experts.0.down_proj.input_scale",
+                                           "moe.experts.0.down_proj.input_global_scale"};
+    for (int naming = 0; naming < 3; naming++) {
+        for (int with_inputs = 1; with_inputs >= 0; with_inputs--) {
+            snprintf(path, sizeof path, "%s/n%d_i%d.safetensors", dir, naming, with_inputs);
+            const int n = export_tensors(&m, naming, with_inputs, ts, names, inv);
+            assert_int_equal(megamoe_safetensors_write(path, ts, n, err, sizeof err), MEGAMOE_OK);
+            c.activations = MEGAMOE_ACTIVATIONS_BF16;
+            megamoe_status st = load_and_run(path, c, &in, with_inputs ? want : y, msg);
+            if (st) fail_msg("naming %d, input scales %d: %s", naming, with_inputs, msg);
+            if (!with_inputs) assert_memory_equal(y, want, ybytes);
+            c.activations = MEGAMOE_ACTIVATIONS_NVFP4;
+            st = load_and_run(path, c, &in, y, msg);
+            if (with_inputs) {
+                if (st) fail_msg("naming %d: %s", naming, msg);
+                continue;
+            }
+            assert_int_equal(st, MEGAMOE_ERR_BAD_WEIGHT);
+            if (!strstr(msg, missing[naming]) || !strstr(msg, "activations=bf16") ||
+                !strstr(msg, "weight-only"))
+                fail_msg("naming %d: message '%s' lacks '%s' / activations=bf16 / weight-only", naming, msg,
+                         missing[naming]);
+        }
+    }
+    free(ts), free(names), free(want), free(y);
+    tu_inputs_free(&in);
+    tu_model_free(&m);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_sharded_index),
         cmocka_unit_test(test_every_truncation),
+        cmocka_unit_test(test_weight_only_exports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

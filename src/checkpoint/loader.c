@@ -8,6 +8,8 @@
  *   compressed-tensors: either style with weight_packed, weight_scale, weight_global_scale,
  *                       input_global_scale; the global scales are reciprocals and are inverted here;
  *                       weight_zero_point and weight_shape are ignored.
+ *   weight-only:        any of these without input scales (compressed-tensors NVFP4A16, ModelOpt
+ *                       W4A16): loads where the layer's activations are bf16 (SPEC §6).
  *   norm:               {prefix}.post_expert_norm.weight [H]
  */
 #include <stdio.h>
@@ -258,6 +260,19 @@ static megamoe_status missing(megamoe_layer *l, const megamoe_checkpoint *ck, co
                          ck->num_files ? ck->files[0].path : "-");
 }
 
+/* An input scale that is absent: gate/up's are never read and a2 is read only with NVFP4
+ * activations (SPEC §3b), so a weight-only export (no input scales, SPEC §6) loads where a2 is not
+ * read; where it is, the message names a2's tensor and the mode that would take the export. */
+static megamoe_status missing_input_scale(megamoe_layer *l, const megamoe_checkpoint *ck, const char *name,
+                                          int down) {
+    if (!down || !mm_layer_quantizes_activations(l)) return MEGAMOE_OK;
+    missing(l, ck, name);
+    char msg[MM_ERR_LEN];
+    snprintf(msg, sizeof msg, "%s%s", l->error, mm_weight_only_hint);
+    memcpy(l->error, msg, sizeof msg);
+    return MEGAMOE_ERR_BAD_WEIGHT;
+}
+
 /* compressed-tensors stores 1/alpha; the copy it loads holds alpha. */
 static megamoe_status inverted_copy(megamoe_layer *l, const megamoe_tensor *t, const char *name, float **buf,
                                     megamoe_tensor *out) {
@@ -299,7 +314,11 @@ static megamoe_status load_stacked(megamoe_layer *l, megamoe_checkpoint *ck, con
         mm_join_name(name, sizeof name, prefix, packed ? packed_names[i] : names[i]);
         megamoe_tensor t;
         if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) {
-            if (i == 3) continue; /* w13_input_scale is kept but unused: optional */
+            if (i == 3 || i == 7) {
+                megamoe_status st = missing_input_scale(l, ck, name, i == 7);
+                if (st) return st;
+                continue;
+            }
             return missing(l, ck, name);
         }
         float *buf = NULL;
@@ -359,7 +378,11 @@ static megamoe_status load_per_expert(megamoe_layer *l, megamoe_checkpoint *ck, 
                 mm_join_name(name, sizeof name, prefix, rest);
                 megamoe_tensor t;
                 if (megamoe_checkpoint_find(ck, name, &t) != MEGAMOE_OK) {
-                    if (field == MEGAMOE_FIELD_INPUT_SCALE && proj != MEGAMOE_PROJ_DOWN) continue;
+                    if (field == MEGAMOE_FIELD_INPUT_SCALE) {
+                        megamoe_status st = missing_input_scale(l, ck, name, proj == MEGAMOE_PROJ_DOWN);
+                        if (st) return st;
+                        continue;
+                    }
                     return missing(l, ck, name);
                 }
                 float *buf = NULL;

@@ -168,7 +168,9 @@ extern "C" void mm_cuda_layer_free(megamoe_layer *l) {
 extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     device_scope scope(device_of(l->group));
     const int R = l->group->local_ranks, E_r = l->experts_per_rank;
-    const size_t H = (size_t)l->config.hidden_size, I = (size_t)l->config.intermediate_size, n = (size_t)E_r;
+    /* I: the kernels' intermediate size, padded (weight_layout.h); every size below is at it. */
+    const size_t H = (size_t)l->config.hidden_size, n = (size_t)E_r,
+                 I = (size_t)mm_layout_intermediate_padded(l->config.intermediate_size);
     mm_cuda_layer *cl = (mm_cuda_layer *)calloc(1, sizeof *cl);
     if (!cl) return mm_layer_fail(l, MEGAMOE_ERR_OUT_OF_MEMORY, "out of host memory");
     l->device = cl;
@@ -185,10 +187,9 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     for (int r = 0; r < R && st == MEGAMOE_OK; r++) {
         mm_rank_weights *w = &l->ranks[r];
         mm_dev_weights *d = &cl->host_weights[r];
-        /* Into the kernel layout (weight_layout.h), in place, experts on the group's CPU threads. */
-        const bool nv = l->config.format == MEGAMOE_FORMAT_NVFP4;
-        if (!mm_layout_pack_experts(nv ? w->w13 : NULL, w->w13_sf, w->w2, w->w2_sf, w->w13_bf16, w->w2_bf16, E_r,
-                                    (int64_t)H, (int64_t)I, l->group->num_threads)) {
+        /* Into the kernel layout (weight_layout.h) at the padded I, experts on the group's CPU threads. */
+        if (!mm_layout_pack_experts(&w->w13, &w->w13_sf, &w->w2, &w->w2_sf, &w->w13_bf16, &w->w2_bf16, E_r,
+                                    (int64_t)H, l->config.intermediate_size, l->group->num_threads)) {
             st = MEGAMOE_ERR_OUT_OF_MEMORY;
             break;
         }
@@ -254,7 +255,7 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     sh.E_r = l->experts_per_rank;
     sh.K = l->config.top_k;
     sh.H = l->config.hidden_size;
-    sh.I = l->config.intermediate_size;
+    sh.I = (int)mm_layout_intermediate_padded(l->config.intermediate_size); /* the kernels' I */
     sh.T_max = l->config.max_tokens;
     sh.nvfp4 = l->config.format == MEGAMOE_FORMAT_NVFP4;
     sh.bf16_act = sh.nvfp4 && l->config.activations == MEGAMOE_ACTIVATIONS_BF16;

@@ -261,9 +261,11 @@ def random_inputs(T, K, H, E, seed, edge_cases=True):
 PROJ = {"gate_up_down": ("gate_proj", "up_proj", "down_proj"), "w13": ("w1", "w3", "w2")}
 
 
-def checkpoint_tensors(model, prefix, style, scalar_shape=()):
+def checkpoint_tensors(model, prefix, style, scalar_shape=(), input_scales=True):
     """{name: array} of the model in a naming style of SPEC §6:
-    'stacked', 'per_expert', 'per_expert_w', 'ct_per_expert', 'ct_stacked' (compressed-tensors)."""
+    'stacked', 'per_expert', 'per_expert_w', 'ct_per_expert', 'ct_stacked' (compressed-tensors).
+    input_scales=False leaves out every input scale, as a weight-only NVFP4 export does
+    (compressed-tensors NVFP4A16, ModelOpt W4A16)."""
     E, I = model["E"], model["I"]
     nv = model["format"] == "nvfp4"
     p = prefix + "." if prefix else ""
@@ -277,9 +279,10 @@ def checkpoint_tensors(model, prefix, style, scalar_shape=()):
             out[p + "w13_weight_scale"] = model["w13_sf"].view(E4M3)
             out[p + "w2_weight_scale"] = model["w2_sf"].view(E4M3)
             out[p + "w13_weight_scale_2"] = model["w13_s2"]
-            out[p + "w13_input_scale"] = model["w13_in"]
             out[p + "w2_weight_scale_2"] = model["w2_s2"]
-            out[p + "w2_input_scale"] = model["w2_in"]
+            if input_scales:
+                out[p + "w13_input_scale"] = model["w13_in"]
+                out[p + "w2_input_scale"] = model["w2_in"]
         return out
     if style == "ct_stacked":
         out[p + "w13_weight_packed"] = model["w13"]
@@ -287,9 +290,10 @@ def checkpoint_tensors(model, prefix, style, scalar_shape=()):
         out[p + "w13_weight_scale"] = model["w13_sf"].view(E4M3)
         out[p + "w2_weight_scale"] = model["w2_sf"].view(E4M3)
         out[p + "w13_weight_global_scale"] = (F32(1) / model["w13_s2"]).astype(F32)
-        out[p + "w13_input_global_scale"] = (F32(1) / model["w13_in"]).astype(F32)
         out[p + "w2_weight_global_scale"] = (F32(1) / model["w2_s2"]).astype(F32)
-        out[p + "w2_input_global_scale"] = (F32(1) / model["w2_in"]).astype(F32)
+        if input_scales:
+            out[p + "w13_input_global_scale"] = (F32(1) / model["w13_in"]).astype(F32)
+            out[p + "w2_input_global_scale"] = (F32(1) / model["w2_in"]).astype(F32)
         return out
     ct = style.startswith("ct_")
     names = PROJ["w13" if style == "per_expert_w" else "gate_up_down"]
@@ -305,13 +309,15 @@ def checkpoint_tensors(model, prefix, style, scalar_shape=()):
                 if nv:
                     out[base + "weight_scale"] = model["w13_sf"][e, rows].view(E4M3)
                     out[base + f_s2] = np.full(scalar_shape, inv(model["w13_s2"][e, j]), dtype=F32)
-                    out[base + f_in] = np.full(scalar_shape, inv(model["w13_in"][e, j]), dtype=F32)
+                    if input_scales:
+                        out[base + f_in] = np.full(scalar_shape, inv(model["w13_in"][e, j]), dtype=F32)
             else:
                 out[base + f_w] = model["w2"][e]
                 if nv:
                     out[base + "weight_scale"] = model["w2_sf"][e].view(E4M3)
                     out[base + f_s2] = np.full(scalar_shape, inv(model["w2_s2"][e]), dtype=F32)
-                    out[base + f_in] = np.full(scalar_shape, inv(model["w2_in"][e]), dtype=F32)
+                    if input_scales:
+                        out[base + f_in] = np.full(scalar_shape, inv(model["w2_in"][e]), dtype=F32)
             if ct:
                 out[base + "weight_zero_point"] = np.zeros(1, dtype=np.int32)
     return out

@@ -74,3 +74,18 @@ def test_inspect_styles_and_shards(tmp_path):
     assert p.returncode != 0 and "--prefix" in p.stderr
     mr.run_cli("run", "--checkpoint", tmp_path / "sharded", "--prefix", "model.layers.1.mlp", "--input",
                tmp_path / "in.safetensors", "--output", tmp_path / "y.safetensors")
+
+
+def test_inspect_intermediate_multiple_of_64(tmp_path):
+    """SPEC §1: any I that is a multiple of 64 (GLM-4.5-Air and DeepSeek-V2-Lite use 1408)."""
+    for fmt, style, I in (("nvfp4", "per_expert", 1408), ("nvfp4", "ct_stacked", 192), ("bf16", "stacked", 64)):
+        path = tmp_path / f"{fmt}_{style}_{I}.safetensors"
+        mr.st_save(path, mr.checkpoint_tensors(mr.random_model(fmt, 2, 256, I, seed=I), "model.layers.1.mlp", style))
+        out = inspect(path)
+        assert "1 MoE layer" in out and f"E=2 H=256 I={I} norm=yes" in out and fmt.upper() in out, out
+    # One below and one between the multiples are refused, naming the rule.
+    for I in (32, 200):
+        path = tmp_path / f"odd_{I}.safetensors"
+        mr.st_save(path, mr.checkpoint_tensors(mr.random_model("bf16", 2, 256, I, seed=I), "m", "stacked"))
+        p = mr.run_cli("inspect", path, check=False)
+        assert p.returncode == 1 and f"I={I}" in p.stderr and "multiple of 64" in p.stderr, p.stderr

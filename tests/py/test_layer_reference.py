@@ -29,10 +29,10 @@ def check_rows(y, x, ids, pad):
 
 
 def run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2, 4), prefix="model.layers.0.mlp.experts_layer",
-              extra=(), gamma=None, eps=1e-6, clamp=0.0, shards=0, scalar_shape=()):
-    """Runs the checkpoint with `megamoe run` for each R (an NVFP4 model in both activation modes) and
-    checks y against the float64 reference; returns the errors by activation mode."""
-    tensors = mr.checkpoint_tensors(model, prefix, style, scalar_shape)
+              extra=(), gamma=None, eps=1e-6, clamp=0.0, shards=0, scalar_shape=(), modes=None, input_scales=True):
+    """Runs the checkpoint with `megamoe run` for each R (an NVFP4 model in both activation modes, or
+    those of `modes`) and checks y against the float64 reference; returns the errors by activation mode."""
+    tensors = mr.checkpoint_tensors(model, prefix, style, scalar_shape, input_scales=input_scales)
     tensors["model.embed_tokens.weight"] = np.zeros((4, 8), dtype=np.float32)  # an unrelated tensor
     if shards:
         ckpt = tmp_path / "ckpt"
@@ -43,7 +43,7 @@ def run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2, 4), prefix="m
     inp = tmp_path / "inputs.safetensors"
     mr.write_inputs(inp, x, ids, w, pad)
     errs = {}
-    for act in (["bf16", "nvfp4"] if model["format"] == "nvfp4" else ["bf16"]):
+    for act in modes or (["bf16", "nvfp4"] if model["format"] == "nvfp4" else ["bf16"]):
         ref = mr.reference_layer(model, x, ids, w, pad, norm_eps=eps, clamp=clamp,
                                  gamma=gamma if gamma is not None else model["norm"], activations=act)
         ys = []
@@ -150,3 +150,35 @@ def test_activations_option(tmp_path):
     p = mr.run_cli(*args, "--activations", "fp8", check=False)
     assert p.returncode != 0 and "fp8" in p.stderr, p.stderr
     mr.run_cli(*args, "--activations", "bf16")
+
+
+@pytest.mark.parametrize("fmt,style,I", [
+    ("nvfp4", "stacked", 192), ("nvfp4", "ct_per_expert", 320), ("nvfp4", "per_expert", 64),
+    ("bf16", "per_expert", 192), ("bf16", "stacked", 320)])
+def test_intermediate_multiple_of_64(tmp_path, fmt, style, I):
+    """SPEC §1: I is any multiple of 64 (real models use 1408); the CPU backend computes at I exactly."""
+    E, K, H, T = 8, 4, 256, 40
+    model = mr.random_model(fmt, E, H, I, seed=zlib.crc32(f"{fmt}/{style}/{I}".encode()))
+    x, ids, w, pad = mr.random_inputs(T, K, H, E, seed=I)
+    mr.calibrate_a2(model, x, ids, pad)
+    run_layer(tmp_path, model, style, x, ids, w, pad)
+
+
+@pytest.mark.parametrize("style", ["stacked", "per_expert", "ct_per_expert", "ct_stacked"])
+def test_weight_only_exports(tmp_path, style):
+    """SPEC §6: a weight-only NVFP4 export (compressed-tensors NVFP4A16, ModelOpt W4A16: no input scales)
+    runs with activations bf16 against the float64 reference; activations nvfp4 refuses it, naming the
+    missing input scale and the mode that takes it."""
+    E, K, H, I, T = 8, 4, 256, 192, 40
+    model = mr.random_model("nvfp4", E, H, I, seed=zlib.crc32(f"weight-only/{style}".encode()))
+    x, ids, w, pad = mr.random_inputs(T, K, H, E, seed=21)
+    run_layer(tmp_path, model, style, x, ids, w, pad, ranks=(1, 2), modes=["bf16"], input_scales=False)
+    ckpt = tmp_path / "model.safetensors"
+    assert not any("input" in n for n in mr.st_load(ckpt)), "the export has input scales"
+    p = mr.run_cli("run", "--checkpoint", ckpt, "--input", tmp_path / "inputs.safetensors", "--output",
+                   tmp_path / "y.safetensors", "--activations", "nvfp4", check=False)
+    field = {"stacked": "w2_input_scale", "ct_stacked": "w2_input_global_scale",
+             "per_expert": "experts.0.down_proj.input_scale",
+             "ct_per_expert": "experts.0.down_proj.input_global_scale"}[style]
+    assert p.returncode == 1, p.stderr
+    assert field in p.stderr and "activations=bf16" in p.stderr and "weight-only" in p.stderr, p.stderr

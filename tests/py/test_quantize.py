@@ -13,9 +13,11 @@ import mmref as mr
 E, H, I = 4, 256, 512
 
 
-@pytest.mark.parametrize("style,shards", [("stacked", 0), ("per_expert", 0), ("per_expert_w", 2)])
-def test_quantize_bit_exact_and_runs(tmp_path, style, shards):
-    bf = mr.random_model("bf16", E, H, I, seed=31)
+@pytest.mark.parametrize("style,shards,I", [("stacked", 0, I), ("per_expert", 0, I), ("per_expert_w", 2, I),
+                                            ("stacked", 0, 320), ("per_expert", 0, 192)])
+def test_quantize_bit_exact_and_runs(tmp_path, style, shards, I):
+    """I = 320 and 192: any multiple of 64 (SPEC §1), as real models' 1408."""
+    bf = mr.random_model("bf16", E, H, I, seed=31 + I % 512)
     tensors = mr.checkpoint_tensors(bf, "model.layers.0.mlp", style)
     tensors["lm_head.weight"] = np.arange(12, dtype=np.float32).reshape(3, 4)  # passes through
     if shards:
@@ -120,9 +122,11 @@ def test_quantize_checks_stacked_shapes(tmp_path):
     for bad in (np.zeros((1, 1), mr.BF16), np.zeros((E, H, 384), mr.BF16), np.ascontiguousarray(w2.transpose(0, 2, 1)),
                 w2[:2].copy(), np.zeros((E + 1, H, I), mr.BF16)):
         quantize_fails(tmp_path, {**good, "m.w2_weight": bad}, "m.w2_weight", f"expected [{E}, {H}, {I}]")
-    # w13 given as [E, H, 2I]: read as H=1024, I=128, which the layer rules refuse
+    # w13 given as [E, H, 2I]: read as H=1024, I=128, which w2 then contradicts
     quantize_fails(tmp_path, {**good, "m.w13_weight": np.ascontiguousarray(good["m.w13_weight"].transpose(0, 2, 1))},
-                   "I=128", "multiple of 256")
+                   "m.w2_weight", f"expected [{E}, 1024, 128]")
+    # as [E, 2I, H] of I = 96: not a multiple of 64, which the layer rules refuse
+    quantize_fails(tmp_path, {**good, "m.w13_weight": np.zeros((E, 192, H), mr.BF16)}, "I=96", "multiple of 64")
     for dt in (np.float32, np.uint8):
         quantize_fails(tmp_path, {**good, "m.w2_weight": np.zeros((E, H, I), dt)}, "m.w2_weight",
                        "expected BF16")
@@ -130,18 +134,19 @@ def test_quantize_checks_stacked_shapes(tmp_path):
 
 def test_quantize_names_the_shape_problem(tmp_path):
     for h, i, needle in ((250, 512, "H=250"), (264, 512, "H=264"), (272, 512, "H=272"), (256, 100, "I=100"),
-                         (256, 128, "I=128")):
+                         (256, 96, "I=96"), (256, 32, "I=32")):
+        rule = "multiple of 256" if needle.startswith("H") else "multiple of 64"
         rng = np.random.default_rng(1)
         bf = {"format": "bf16", "E": E, "H": h, "I": i, "norm": None,
               "w13": (rng.standard_normal((E, 2 * i, h)) * 0.02).astype(mr.BF16),
               "w2": (rng.standard_normal((E, h, i)) * 0.02).astype(mr.BF16)}
         for style in ("stacked", "per_expert"):
             t = mr.checkpoint_tensors(bf, "m", style)
-            quantize_fails(tmp_path, t, needle, "multiple of 256")
+            quantize_fails(tmp_path, t, needle, rule)
             mr.st_save(tmp_path / "odd.safetensors", t)
             p = mr.run_cli("inspect", tmp_path / "odd.safetensors", check=False)
             no_sanitizer_report(p)
-            assert p.returncode == 1 and needle in p.stderr and "multiple of 256" in p.stderr, p.stderr
+            assert p.returncode == 1 and needle in p.stderr and rule in p.stderr, p.stderr
     # per expert: one down projection of another I
     bf = mr.random_model("bf16", E, H, I, seed=42)
     t = mr.checkpoint_tensors(bf, "m", "per_expert")
