@@ -149,14 +149,46 @@ def reference_model(src, ckpt):
     return model.eval()
 
 
-def reference_logprobs(model, prompts, routes=None):
+def _bf16(t):
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+def _experts_with_bf16_io(experts):
+    """The experts' forward as megamoe computes BF16-activation layers (SPEC §3b, §4), in float64 but
+    for its three roundings to bf16: x on entry, a = silu(g)·u, and y, the routing-weighted sum."""
+    def forward(hidden, top_k_index, top_k_weights):
+        x = _bf16(hidden)
+        y = torch.zeros_like(x)
+        for e in range(experts.num_experts):
+            tok, slot = torch.where(top_k_index == e)
+            if tok.numel():
+                g, u = torch.nn.functional.linear(x[tok], experts.gate_up_proj[e]).chunk(2, dim=-1)
+                a = _bf16(torch.nn.functional.silu(g) * u)
+                y.index_add_(0, tok, torch.nn.functional.linear(a, experts.down_proj[e]) * top_k_weights[tok, slot, None])
+        return _bf16(y)
+    return forward
+
+
+def reference_experts(model, layer, x, topk_weights, topk_ids):
+    """y of the MoE layer `layer` of a reference_model on the given inputs (float64 but for megamoe's
+    bf16 roundings, _experts_with_bf16_io): what megamoe's layer computes, SPEC §3b / §4."""
+    experts = model.model.layers[layer].mlp.experts
+    with torch.no_grad():
+        return _experts_with_bf16_io(experts)(torch.tensor(x, dtype=torch.float64),
+                                              torch.tensor(topk_ids, dtype=torch.long),
+                                              torch.tensor(topk_weights, dtype=torch.float64)).numpy()
+
+
+def reference_logprobs(model, prompts, routes=None, bf16_io=False):
     """For each prompt: log_softmax of the logits predicting positions 1.. ([len-1, VOCAB] float64), and
     the smallest routing margin of its tokens over the layers (the gap between the K-th and (K+1)-th
     largest router logit). routes[i][layer] ([len, K] expert ids) replays another run's routing for
     prompt i: where a margin is small, rounding elsewhere in the model (bf16, the order of sums) may send
     a token to another expert than float64 does, and from that token on the two runs compute different
     functions; replayed, they compute the same one. Routing weights are float64 softmax probabilities of
-    the chosen experts, renormalized over them (both architectures' routers do so)."""
+    the chosen experts, renormalized over them (both architectures' routers do so). bf16_io: the experts
+    round as megamoe does (_experts_with_bf16_io), so that a float32 run's remaining distance is
+    float32 against float64 alone."""
     K = model.config.num_experts_per_tok
     state = {"prompt": 0, "margins": []}
 
@@ -174,8 +206,10 @@ def reference_logprobs(model, prompts, routes=None):
 
     saved = []
     for i, layer in enumerate(model.model.layers):
-        saved.append(layer.mlp.gate.forward)
+        saved.append((layer.mlp.gate.forward, layer.mlp.experts.forward))
         layer.mlp.gate.forward = router(layer.mlp.gate, i)
+        if bf16_io:
+            layer.mlp.experts.forward = _experts_with_bf16_io(layer.mlp.experts)
     out = []
     try:
         with torch.no_grad():
@@ -184,8 +218,8 @@ def reference_logprobs(model, prompts, routes=None):
                 logits = model(torch.tensor([p])).logits[0, :-1]
                 out.append((torch.log_softmax(logits, dim=-1).numpy(), min(state["margins"])))
     finally:
-        for layer, f in zip(model.model.layers, saved):
-            layer.mlp.gate.forward = f
+        for layer, (gate, experts) in zip(model.model.layers, saved):
+            layer.mlp.gate.forward, layer.mlp.experts.forward = gate, experts
     return out
 def quant_config(path):
     with open(os.path.join(path, "config.json")) as f:

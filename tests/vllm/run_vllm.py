@@ -1,7 +1,8 @@
 """Runs vLLM (its CPU build) on one model and prints what tests/py/test_vllm.py checks, as one JSON line.
 
 Run with the vLLM environment's python (scripts/install-vllm.sh), megamoe on PYTHONPATH with its
-dist-info, so that vLLM finds the plugin through its entry point as an installed package would be found.
+dist-info, so that vLLM finds the plugin through its entry point as an installed package would be found,
+and this folder too (vllm_probe, which vLLM's worker processes import).
 
     python run_vllm.py SPEC.json  ->  {"tokens": [[...], ...], "prompt_logprobs": [[[...V], ...], ...],
                                       "layers": {name: method class}, "op_calls": {layer_id: n} | null,
@@ -11,7 +12,8 @@ SPEC: {"model": dir, "dtype": "float32" | "bfloat16", "eager": bool, "multiproce
        "prompts": [[ids], ...], "max_tokens": n, "vocab": V, "prompt_logprobs": bool, "record_routing": bool,
        "count_op_calls": bool}
 prompt_logprobs: every prompt's full log-probability rows (V entries per position); record_routing (eager,
-one process): each prompt's routing per MoE layer, as vLLM's router chose it.
+one process): each prompt's routing per MoE layer, as vLLM's router chose it, and the first prompt's
+inputs and output of every MoE layer (x, topk_weights, topk_ids, y).
 Counting the op's calls needs the engine in this process (multiprocess false): a torch profiler records
 each `megamoe::experts` call with its layer-id argument.
 """
@@ -25,42 +27,14 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if spec.get("multiprocess") e
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+# apply_model sends a function to vLLM's engine process, which vLLM pickles only when allowed.
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 import torch  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
-
-def layer_methods(model):
-    """Every MoE layer's method class, by layer name (runs in the worker)."""
-    out = {}
-    for name, m in model.named_modules():
-        qm = getattr(m, "quant_method", None)
-        if qm is not None and type(m).__name__ == "RoutedExperts":
-            served = getattr(qm, "_mm", None) is not None
-            out[name] = {"method": type(qm).__name__, "megamoe": served,
-                         "layer_id": qm._mm.key if served else None}
-    return out
-
-
-def record_routing(model):
-    """Wraps every MoE layer's method so that each call keeps its topk_ids (runs in the worker; eager
-    mode, where the method's apply runs as Python on every forward). Keeps them on the model."""
-    model._megamoe_routes = []
-    for name, m in model.named_modules():
-        if type(m).__name__ == "RoutedExperts":
-            index = int(name.split(".layers.")[1].split(".")[0])
-            apply = m.quant_method.apply
-
-            def recording(layer, x, topk_weights, topk_ids, *args, _apply=apply, _index=index, **kwargs):
-                model._megamoe_routes.append((_index, topk_ids.tolist()))
-                return _apply(layer, x, topk_weights, topk_ids, *args, **kwargs)
-            m.quant_method.apply = recording
-    return True
-
-
-def take_routes(model):
-    routes, model._megamoe_routes = model._megamoe_routes, []
-    return routes
+# What runs on the model in vLLM's worker (apply_model), importable there by name (PYTHONPATH).
+from vllm_probe import layer_methods, record_routing, take_io, take_routes  # noqa: E402
 
 
 def main():
@@ -111,6 +85,8 @@ def main():
             if spec.get("record_routing"):
                 routes = llm.apply_model(take_routes)[0]
                 result["routes"].append([ids for _, ids in sorted(routes)])
+        if spec.get("record_routing"):  # the first prompt's MoE inputs and outputs, by layer
+            result["layer_io"] = [io for _, io in sorted(llm.apply_model(take_io)[0].items())]
     print("RESULT " + json.dumps(result))
 
 
