@@ -11,6 +11,7 @@ the other modules stay bf16, listed as ignored/excluded in the export's config):
   ct        llm-compressor oneshot, scheme NVFP4 (W4A4; calibrated on random token ids)
   ct-a16    llm-compressor oneshot, scheme NVFP4A16 (weight-only: no input scales)
   modelopt  ModelOpt mtq.quantize (NVFP4_DEFAULT_CFG's quantizers on the experts) + export_hf_checkpoint
+and with_own_up_scales, a copy of an export whose up projections have global scales of their own.
 """
 import copy
 import json
@@ -121,6 +122,38 @@ def _dequantize(t, prefix):
     else:
         alpha = torch.reciprocal(t[f"{prefix}.weight_global_scale"].float().reshape(()))
     return _E2M1[q] * sf * alpha.double()
+
+
+def with_own_up_scales(ckpt, path):
+    """A copy of the NVFP4 export at ckpt whose up projections' global scales are doubled (the tools
+    write gate's and up's equal, for vLLM's methods that keep one): a valid model of its own, on which
+    a layer that used the gate's scale for up would differ from the reference."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(ckpt, path)
+    for f in os.listdir(path):
+        if f.endswith(".safetensors"):
+            t = load_file(os.path.join(path, f))
+            for name in t:
+                if ("up_proj" in name or ".w3." in name) and name.endswith("weight_scale_2"):
+                    t[name] = t[name] * 2
+                elif ("up_proj" in name or ".w3." in name) and name.endswith("weight_global_scale"):
+                    t[name] = t[name] / 2  # compressed-tensors stores the reciprocal
+            save_file(t, os.path.join(path, f), metadata={"format": "pt"})
+    return path
+
+
+def gate_up_scales_differ(ckpt):
+    """Whether some expert's gate and up global scales differ in the export at ckpt (where they do, a
+    layer that used the gate's for both, as vLLM's own NVFP4 methods do, would not equal the reference)."""
+    t = _tensors(ckpt)
+    for name, v in t.items():
+        for gate, up in (("gate_proj", "up_proj"), (".w1.", ".w3.")):
+            if gate in name and ("weight_scale_2" in name or "weight_global_scale" in name):
+                other = t.get(name.replace(gate, up))
+                if other is not None and not torch.equal(v, other):
+                    return True
+    return False
 
 
 def reference_model(src, ckpt):

@@ -4,14 +4,16 @@ Run with the vLLM environment's python (scripts/install-vllm.sh), megamoe on PYT
 dist-info, so that vLLM finds the plugin through its entry point as an installed package would be found,
 and this folder too (vllm_probe, which vLLM's worker processes import).
 
-    python run_vllm.py SPEC.json  ->  {"tokens": [[...], ...], "prompt_logprobs": [[[...V], ...], ...],
+    python run_vllm.py SPEC.json  ->  {"tokens": [[...], ...], "margins": [[top-1 less top-2 log-prob per
+                                      step], ...], "prompt_logprobs": [[[...V], ...], ...],
                                       "layers": {name: method class}, "op_calls": {layer_id: n} | null,
                                       "init_s": ..., "generate_s": ..., "step_s": ...}
 
 SPEC: {"model": dir, "dtype": "float32" | "bfloat16", "eager": bool, "multiprocess": bool,
-       "prompts": [[ids], ...], "max_tokens": n, "vocab": V, "prompt_logprobs": bool, "record_routing": bool,
-       "count_op_calls": bool}
-prompt_logprobs: every prompt's full log-probability rows (V entries per position); record_routing (eager,
+       "prompts": [[ids], ...], "max_tokens": n, "vocab": V, "prompt_logprobs": bool, "teacher": "own" | [[ids]],
+       "record_routing": bool, "count_op_calls": bool}
+prompt_logprobs: every prompt's full log-probability rows (V entries per position), or with teacher those
+of the sequences it names ("own": each prompt and the tokens this run generated); record_routing (eager,
 one process): each prompt's routing per MoE layer, as vLLM's router chose it, and the first prompt's
 inputs and output of every MoE layer (x, topk_weights, topk_ids, y).
 Counting the op's calls needs the engine in this process (multiprocess false): a torch profiler records
@@ -44,7 +46,7 @@ def main():
               max_model_len=256, max_num_batched_tokens=256, max_num_seqs=8, seed=0,
               max_logprobs=vocab or 20)
     init_s = time.perf_counter() - t0
-    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], detokenize=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], detokenize=False, logprobs=2)
     prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, detokenize=False), use_tqdm=False)
 
@@ -63,7 +65,11 @@ def main():
                 calls[key] = calls.get(key, 0) + 1
     steps = max(len(o.outputs[0].token_ids) for o in outs)
 
+    # each step's margin: the chosen token's log-probability less the runner-up's
+    margins = [[sorted((lp.logprob for lp in step.values()), reverse=True)[:2] for step in o.outputs[0].logprobs]
+               for o in outs]
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "init_s": init_s, "generate_s": gen_s,
+              "margins": [[m[0] - m[1] for m in seq] for seq in margins],
               "step_s": gen_s / max(steps, 1), "op_calls": calls,
               "layers": llm.apply_model(layer_methods)[0]}
     if spec.get("prompt_logprobs"):
@@ -73,7 +79,13 @@ def main():
             llm.apply_model(record_routing)
         one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False, prompt_logprobs=vocab)
         result["prompt_logprobs"], result["routes"] = [], []
-        for p in prompts:
+        # "teacher": "own" scores this run's prompts followed by the tokens it generated (all but the
+        # last), a list scores those sequences: one position per generated step, under one prefix
+        teacher = spec.get("teacher")
+        if teacher == "own":
+            teacher = [p + t[:-1] for p, t in zip(spec["prompts"], result["tokens"])]
+        scored = [{"prompt_token_ids": p} for p in teacher] if teacher else prompts
+        for p in scored:
             o = llm.generate([p], one, use_tqdm=False)[0]
             seq = []
             for pos in o.prompt_logprobs[1:]:  # position 0 has no prediction

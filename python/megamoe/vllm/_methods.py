@@ -103,6 +103,20 @@ def _why_not(moe, fmt, use_a16):
     return None
 
 
+_cpu_groups = {}
+
+
+def _cpu_group():
+    """The CPU group of this process's layers, with as many threads as vLLM gives torch (vLLM's CPU
+    worker binds its threads to cores; a second full set of OpenMP threads would fight them)."""
+    threads = torch.get_num_threads()
+    with _log_lock:
+        g = _cpu_groups.get(threads)
+        if g is None or g.closed:
+            g = _cpu_groups[threads] = megamoe.Group("cpu", num_threads=threads)
+        return g
+
+
 def _max_tokens(moe):
     """Tokens one forward may carry: the scheduler's batch, times the data-parallel ranks whose tokens
     vLLM gathers before the experts."""
@@ -121,7 +135,7 @@ class _Experts:
         if pc.ep_size > 1:
             from vllm.distributed import get_ep_group
             group = get_ep_group().device_group
-        g = _module.group_for(device, group)
+        g = _cpu_group() if device.type == "cpu" else _module.group_for(device, group)
         E, R = moe.num_experts, g.world_size
         if num_local_experts * R != E:
             raise megamoe.InvalidArgumentError(
@@ -136,18 +150,14 @@ class _Experts:
         self.start = g.rank(0) * num_local_experts
         self.others = None if R == 1 else _ep.others_mask(self.T_max, R, g.rank(0), device)
 
-    def load(self, tensors, proj_fields):
-        """Hands this rank's experts to megamoe: tensors maps a vLLM-layout name to its [E_local, ...]
-        tensor; proj_fields lists (name, proj, field, row range or shard) as _split describes."""
+    def load(self, tensors, fields):
+        """Hands this rank's experts to megamoe and finalizes the layer: tensors maps a vLLM parameter's
+        name to its [E_local, ...] tensor; fields lists (name, proj, field, part) as _nvfp4_fields says."""
         host = {n: t.detach().cpu().contiguous() for n, t in tensors.items()}
         E_local = next(iter(host.values())).shape[0]
         for e in range(E_local):
-            for name, proj, field, part in proj_fields:
-                t = host[name][e]
-                if isinstance(part, slice):
-                    t = t[part]
-                elif part is not None:
-                    t = t[part]
+            for name, proj, field, part in fields:
+                t = host[name][e] if part is None else host[name][e][part]
                 self.layer.load_expert_weight(self.start + e, proj, field, t.contiguous())
         self.layer.finalize()
 
@@ -161,7 +171,8 @@ class _Experts:
             # refuses such a forward on the CPU (SPEC §5) where vLLM's kernels give the token a NaN row: so
             # does this. On the GPU the combine multiplies by the NaN weight: a NaN row as well.
             bad = ~torch.isfinite(w).all(dim=1, keepdim=True)
-            y = torch.ops.megamoe.experts(self.key, xb, w.masked_fill(bad, 0.0), ids, pad).masked_fill(bad, float("nan"))
+            y = torch.ops.megamoe.experts(self.key, xb, w.masked_fill(bad, 0.0), ids, pad)
+            y = y.masked_fill(bad, float("nan"))
         else:
             y = torch.ops.megamoe.experts(self.key, xb, w, ids, pad)
         return y if y.dtype is x.dtype else y.to(x.dtype)
@@ -270,8 +281,10 @@ class _MegaMoEMethod:
 
 
 def _nvfp4_fields(w13, w13_scale, w13_scale_2, w13_input, w2, w2_scale, w2_scale_2, w2_input, I, inputs):
-    """(vLLM parameter, megamoe projection, megamoe field, part) for an NVFP4 layer: part is the rows of
-    the fused gate/up tensors ([E, 2I, ...]: gate rows first) or the column of a [E, 2] scale."""
+    """(vLLM parameter, megamoe projection, megamoe field, part) for an NVFP4 layer: part indexes one
+    expert's slice of the parameter, the rows of a fused gate/up tensor ([2I, ...]: gate rows first) or
+    the column of a [2] scale pair, or is None for all of it. inputs: whether the checkpoint has input
+    scales (weight-only exports have none, SPEC §6)."""
     gate, up = slice(0, I), slice(I, 2 * I)
     f = [(w13, "gate", "weight", gate), (w13, "up", "weight", up), (w2, "down", "weight", None),
          (w13_scale, "gate", "weight_scale", gate), (w13_scale, "up", "weight_scale", up),
