@@ -195,9 +195,15 @@ def experts_kernel(layer_id, hidden_states, topk_weights, topk_ids, is_padding=N
     except (AttributeError, TypeError, ValueError, AssertionError):
         ok = False
     if not ok:
-        if _all_meta(x, w, ids, pad):  # shape inference on meta tensors: the fake implementation's y
+        # Routing as routers give it (int64 ids, half weights): converted, then the same fast check;
+        # anything else takes the checks that name the argument.
+        w2, ids2 = _convert_routing(layer, w, ids, pad)
+        if (w2 is not w or ids2 is not ids) and _fast_ok(x, w2, ids2, pad, H, K, dev, krow):
+            w, ids = w2, ids2
+        elif _all_meta(x, w, ids, pad):  # shape inference on meta tensors: the fake implementation's y
             return _experts_fake(layer_id, x, w, ids, pad)
-        w, ids = _validate_slow(layer, x, w, ids, pad)
+        else:
+            w, ids = _validate_slow(layer, x, w, ids, pad)
         T = x.shape[0]
     y = empty((T, H), row, _BF16)
     if dev >= 0 and y.get_device() != dev:  # empty allocates on the current CUDA device
@@ -222,6 +228,34 @@ def experts_kernel(layer_id, hidden_states, topk_weights, topk_ids, is_padding=N
     if st:
         _refused(layer, st, msg, x, w, ids, pad)
     return y
+
+
+def _fast_ok(x, w, ids, pad, H, K, dev, krow):
+    """experts_kernel's fast check, for routing it has just converted."""
+    try:
+        T, h = x.shape
+        TK = (T, K)
+        return (x.dtype is _BF16 and w.dtype is _F32 and ids.dtype is _I32 and h == H
+                and x.get_device() == w.get_device() == ids.get_device() == dev
+                and (x.is_cuda if dev >= 0 else x.is_cpu) and x.is_contiguous()
+                and _size_stride(w, TK, krow) and _size_stride(ids, TK, krow) and (T or w.shape == ids.shape == TK)
+                and (pad is None or (pad.dtype in _PAD_DTYPES and pad.shape == (T,) and pad.get_device() == dev
+                                     and pad.is_contiguous())))
+    except (AttributeError, TypeError, ValueError, AssertionError):
+        return False
+
+
+def _convert_routing(layer, w, ids, pad):
+    """(topk_weights, topk_ids) as float32 and int32 where they are half-precision weights or integer
+    ids of another dtype (the ids range-checked: _narrow_ids); otherwise as given."""
+    try:
+        if w.dtype in _HALF_DTYPES:
+            w = w.float()
+        if ids.dtype is not _I32 and ids.dtype in _ID_DTYPES and ids.dim() == 2:
+            ids = _narrow_ids(layer, ids, pad)
+    except (AttributeError, TypeError):
+        pass
+    return w, ids
 
 
 def _order_streams(group, stream, dev):
@@ -274,6 +308,7 @@ def _check_tensor(layer, what, t, dtypes, shape, device):
 # Routing dtypes the op takes and converts (exactly: the ids after their range check). uint64 ids are
 # refused: torch has no comparison for them, and their values past 2^63 have no int64 form.
 _WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
 _NARROW_ID_DTYPES = (torch.int8, torch.int16, torch.uint8)
 _WIDE_ID_DTYPES = (torch.int64,) + tuple(getattr(torch, n) for n in ("uint16", "uint32") if hasattr(torch, n))
 _ID_DTYPES = (torch.int32,) + _NARROW_ID_DTYPES + _WIDE_ID_DTYPES
@@ -327,11 +362,11 @@ def _narrow_ids(layer, ids, pad):
     read, SPEC §1); on the GPU (no host synchronization) ids are clamped to [-2, E], so that an id
     past int32 stays a bad id for the C library's device check, and check() names the real value
     from the ids kept here."""
-    E = layer.num_experts
-    if ids.dtype in _NARROW_ID_DTYPES:
+    E, dt = layer.num_experts, ids.dtype
+    if dt in _NARROW_ID_DTYPES:
         return ids.to(_I32)  # every value fits; the C library checks the range
-    wide = ids if ids.dtype is _I64 else ids.to(_I64)
-    if ids.device.type == "cpu":
+    wide = ids if dt is _I64 else ids.to(_I64)
+    if wide.is_cpu:
         if wide.numel():
             lo, hi = torch.aminmax(wide)
             if int(lo) < -1 or int(hi) >= E:  # the detailed look (padding tokens left out) only then
