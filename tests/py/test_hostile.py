@@ -590,6 +590,9 @@ ARGS = [  # (id, call(ref module), exception, message)
         torch.nn.Module(), max_tokens="16"), TE, "max_tokens"),
     ("replace_experts_model_none", lambda m: __import__("megamoe.torch.hf").torch.hf.replace_experts(
         None, max_tokens=16), TE, "model: expected a torch.nn.Module"),
+    ("moe_blocks_str", lambda m: __import__("megamoe.torch.hf").torch.hf.moe_blocks("model"), TE, "model"),
+    ("nccl_comm_pg_int", lambda m: __import__("megamoe.torch").torch.nccl_comm_from_process_group(5), TE,
+     "pg: expected a torch.distributed.ProcessGroup"),
     ("pickle_module", lambda m: pickle.dumps(m), TypeError, "cannot pickle .*MegaMoEExperts: it holds native state"),
     ("deepcopy_module", lambda m: copy.deepcopy(m), TypeError, "holds native state"),
     ("pickle_layer", lambda m: pickle.dumps(m._layer), TypeError, "cannot pickle megamoe.Layer"),

@@ -28,6 +28,8 @@ class HFExperts(MegaMoEExperts):
 def moe_blocks(model):
     """(name, block) of every sparse-MoE block: a module whose `experts` has gate_up_proj and down_proj
     (or is megamoe's already) and which routes with a `gate` (the router)."""
+    if not isinstance(model, torch.nn.Module):
+        raise megamoe.ArgumentTypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}", 1)
     found = []
     for name, mod in model.named_modules():
         ex = getattr(mod, "experts", None)
@@ -80,11 +82,9 @@ def replace_experts(model, *, max_tokens, device=None, checkpoint=None, activati
     from a checkpoint writes the layer's tensors re-read from that file (which must stay) in the stacked
     layout (`{block}.experts.w13_weight`, ...), names transformers does not load, and
     replace_experts(model, checkpoint=<the saved folder>) puts them back."""
-    if not isinstance(model, torch.nn.Module):
-        raise megamoe.ArgumentTypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}", 1)
     megamoe._int(max_tokens, "max_tokens", 1)
     megamoe._bool(keep_weights, "keep_weights")
-    blocks = moe_blocks(model)
+    blocks = moe_blocks(model)  # (checks that model is a module)
     if not blocks:
         raise ValueError(
             "no sparse-MoE block with a fused `experts` module (gate_up_proj, down_proj) found: megamoe.torch.hf "
