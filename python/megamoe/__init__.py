@@ -691,7 +691,10 @@ class Layer:
         try:
             self._call(_lib.megamoe_layer_check)
         except BadInputError as e:
-            hint = self._bad_ids_hint() if self._bad_ids_hint is not None else None
+            try:
+                hint = self._bad_ids_hint() if self._bad_ids_hint is not None else None
+            except Exception:  # (the hint is an explanation; the error stands without it)
+                hint = None
             if hint:
                 raise BadInputError(f"{e} ({hint})", 5) from None
             raise

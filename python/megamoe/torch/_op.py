@@ -374,7 +374,8 @@ def _narrow_ids(layer, ids, pad):
                 if msg:
                     raise megamoe.BadInputError(msg, 5)
         return wide.to(_I32)
-    layer._bad_ids_hint = lambda: _bad_ids_message(layer, wide, pad, hint=True)  # for check()
+    if wide.is_cuda:
+        layer._bad_ids_hint = lambda: _bad_ids_message(layer, wide, pad, hint=True)  # for check()
     return wide.clamp(-2, E).to(_I32)
 
 
