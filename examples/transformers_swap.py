@@ -7,7 +7,10 @@ Mixtral or Qwen3-MoE config):
   3. the experts quantized to NVFP4 by megamoe's quantizer (what `megamoe quantize` does) and loaded
      from that checkpoint.
 
-Prints the logits of each and how far they are from the model in float32.
+Prints the logits of each and how far they are from the model in float32, with every model routed as
+the megamoe BF16 model routed (its routers' choices recorded and replayed in the others, as the table in
+docs/PYTHON.md does): one top-k choice that a rounding difference flips moves a token's output far, and
+would make the figures measure tie-breaks rather than arithmetic.
     python3 examples/transformers_swap.py [--model mixtral|qwen3_moe] [--device cpu|cuda]
 """
 import argparse
@@ -42,6 +45,34 @@ def small_model(kind):
     return model.eval()
 
 
+class Router(torch.nn.Module):
+    """A block's router that records (mode "record") or replays (mode "replay", from `source`) the
+    routing weights and expert ids it returns."""
+
+    def __init__(self, gate, source=None):
+        super().__init__()
+        self.gate, self.source, self.saved = gate, source, None
+
+    def forward(self, hidden_states):
+        logits, w, ids = self.gate(hidden_states)
+        if self.source is None:
+            self.saved = (w.detach(), ids.detach())
+            return logits, w, ids
+        sw, sids = self.source.saved
+        return logits, sw.to(w.device, w.dtype), sids.to(ids.device)
+
+
+def replay_routing(src, *dsts):
+    """src records its routers' choices; each of dsts replays them."""
+    routers = []
+    for _, block in hf.moe_blocks(src):
+        block.gate = Router(block.gate)
+        routers.append(block.gate)
+    for dst in dsts:
+        for r, (_, block) in zip(routers, hf.moe_blocks(dst)):
+            block.gate = Router(block.gate, source=r)
+
+
 def run(model, tokens, device):
     with torch.no_grad():
         return model.to(device)(tokens.to(device)).logits.float().cpu()
@@ -60,8 +91,9 @@ def main():
 
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     original = run(bf16, tokens, a.device)
-    names = hf.replace_experts(bf16, max_tokens=tokens.numel(), device=a.device)
-    swapped = run(bf16, tokens, a.device)
+    swapped_model = copy.deepcopy(bf16)
+    names = hf.replace_experts(swapped_model, max_tokens=tokens.numel(), device=a.device)
+    swapped = run(swapped_model, tokens, a.device)
 
     with tempfile.TemporaryDirectory() as d:
         megamoe.save_safetensors(f"{d}/experts_bf16.safetensors", hf.expert_tensors(model))
@@ -72,16 +104,25 @@ def main():
         act = hf.moe_blocks(q)[0][1].experts.activations
         quantized = run(q, tokens, a.device)
 
-    def rel(x):
-        return float((x - f32).norm() / f32.norm())
+        # The same, every model routed as the megamoe BF16 model routes (its choices replayed).
+        ref32, ref16 = copy.deepcopy(model).float(), copy.deepcopy(model).to(torch.bfloat16)
+        replay_routing(swapped_model, ref32, ref16, q)
+        swapped_r = run(swapped_model, tokens, a.device)
+        f32_r, original_r, quantized_r = (run(m, tokens, a.device) for m in (ref32, ref16, q))
+
+    def rel(x, ref=f32):
+        return float((x - ref).norm() / ref.norm())
 
     torch.set_printoptions(precision=3, sci_mode=False)
     print(f"{a.model} on {a.device}, megamoe {megamoe.__version__}; experts replaced in {names}")
     print("logits[0, -1, :6]  transformers bf16:", original[0, -1, :6])
     print("logits[0, -1, :6]  megamoe bf16:     ", swapped[0, -1, :6])
     print(f"logits[0, -1, :6]  megamoe nvfp4 ({act} activations):", quantized[0, -1, :6])
-    print(f"relative L2 to the float32 model: transformers bf16 {rel(original):.3e}, megamoe bf16 {rel(swapped):.3e}, "
-          f"megamoe nvfp4 ({act} activations) {rel(quantized):.3e}")
+    print(f"relative L2 to the float32 model, each model routed by its own routers: transformers bf16 "
+          f"{rel(original):.3e}, megamoe bf16 {rel(swapped):.3e}, megamoe nvfp4 ({act} activations) {rel(quantized):.3e}")
+    print(f"relative L2 to the float32 model, routers replayed (every model routed as megamoe bf16 routed; "
+          f"docs/PYTHON.md's table): transformers bf16 {rel(original_r, f32_r):.3e}, megamoe bf16 "
+          f"{rel(swapped_r, f32_r):.3e}, megamoe nvfp4 ({act} activations) {rel(quantized_r, f32_r):.3e}")
     agree = (swapped.argmax(-1) == original.argmax(-1)).float().mean()
     print(f"next-token argmax agreement, megamoe bf16 vs transformers bf16: {agree:.1%}")
 

@@ -15,6 +15,22 @@
  *   - Tensors are described by megamoe_tensor: row-major, contiguous, host memory unless a function
  *     says otherwise. bf16 values are passed as their 16-bit patterns (uint16_t).
  *
+ * Threads:
+ *   - A group and the layers made from it are used by one thread at a time: the caller serializes
+ *     every call on them, forwards of different layers included (layers of one shape share the
+ *     group's buffer, SPEC §7, and a layer keeps its last error and forward state on the handle).
+ *   - Different groups are independent: each may be used from its own thread at the same time. A
+ *     checkpoint is used by one thread at a time (its message is per handle); layers of different
+ *     groups may load from one checkpoint only one after the other.
+ *   - Calls without a handle (status, dtype and version strings, megamoe_backend_available,
+ *     megamoe_safetensors_write, megamoe_quantize_checkpoint on distinct files) may run from any
+ *     thread at any time.
+ *   - A device backend's forward is asynchronous: forwards of layers that share a buffer run in stream
+ *     order, so they go on one stream or on streams the caller orders (events).
+ *   - NCCL groups: creating and destroying layers and every forward are collective, in the same order
+ *     on every rank, so one thread per rank makes them.
+ *   The Python package enforces this (docs/PYTHON.md, "Threads").
+ *
  * Life of a layer:
  *   megamoe_group_create -> megamoe_layer_create -> megamoe_layer_load_* (any order, any number of
  *   times) -> megamoe_layer_finalize -> megamoe_layer_forward (many times) -> megamoe_layer_destroy ->

@@ -1,13 +1,41 @@
 #!/usr/bin/env bash
-# Installs what megamoe builds and tests with, from Debian's packages and PyPI (see README):
-#   jansson (JSON), cmocka (C tests), pkg-config, cmake; clang for the fuzzer;
-#   a Python venv in .venv with numpy, ml_dtypes, safetensors and pytest for the reference tests,
-#   and torch, transformers and scikit-build-core for the Python package's tests.
+# Installs what megamoe builds and tests with, from Debian's packages and PyPI (see README).
+#   scripts/install-deps.sh        everything `make test` needs: cmake, pkg-config, make, gcc, jansson
+#                                  (JSON), cmocka (C tests), clang for the fuzzer, and a Python venv in
+#                                  .venv with numpy, ml_dtypes, safetensors and pytest (the references)
+#                                  and torch, transformers, scikit-build-core, llm-compressor and
+#                                  ModelOpt (the Python package's tests; several GB)
+#   scripts/install-deps.sh demo   what `make demo` needs: the C toolchain, jansson, and cmocka and
+#                                  python3 (the build configures the tests); no venv, no Python packages
+#   scripts/install-deps.sh --list [demo]   prints what the mode installs, installs nothing
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(cmake pkg-config make gcc libjansson-dev libcmocka-dev clang libclang-rt-dev python3-venv)
+usage() { echo "usage: scripts/install-deps.sh [--list] [all|demo]" >&2; exit 2; }
+list=0
+mode=all
+for a in "$@"; do
+  case $a in
+    --list) list=1 ;;
+    all | demo) mode=$a ;;
+    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install-deps: unknown argument '$a'" >&2; usage ;;
+  esac
+done
+
+debs=(cmake pkg-config make gcc libjansson-dev libcmocka-dev python3)
+if [ "$mode" = all ]; then
+  debs+=(clang libclang-rt-dev python3-venv)
+fi
+if ((list)); then
+  echo "debian: ${debs[*]}"
+  if [ "$mode" = all ]; then
+    echo "python (.venv): tests/py/requirements.txt tests/py/requirements-torch.txt"
+  fi
+  exit 0
+fi
+
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -18,6 +46,10 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+if [ "$mode" = demo ]; then
+  echo "install-deps: ok (demo: no Python packages; scripts/install-deps.sh installs the tests' too)"
+  exit 0
+fi
 
 PY=${PYTHON:-python3}
 if ! .venv/bin/python -c "import numpy, ml_dtypes, safetensors, pytest" 2>/dev/null; then
@@ -25,8 +57,9 @@ if ! .venv/bin/python -c "import numpy, ml_dtypes, safetensors, pytest" 2>/dev/n
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/py/requirements.txt
 fi
-if ! .venv/bin/python -c "import torch, transformers, scikit_build_core" 2>/dev/null; then
-  echo "install-deps: torch, transformers, scikit-build-core into .venv (the Python package's tests)"
+if ! .venv/bin/python -c "import torch, transformers, scikit_build_core, llmcompressor, modelopt" 2>/dev/null; then
+  echo "install-deps: torch, transformers, scikit-build-core, llm-compressor, ModelOpt into .venv (the Python" \
+       "package's tests; a few minutes)"
   .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/py/requirements-torch.txt
 fi
 echo "install-deps: ok"

@@ -20,6 +20,15 @@ int cmd_quantize(int argc, char **argv);
 /* Prints "megamoe: <fmt>" to stderr; returns 1. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* A bad option value, named: "megamoe: CMD: --OPTION VALUE: expected WANT (see megamoe CMD --help)",
+ * the option found in opts by its getopt value c. Returns 1. */
+struct option;
+int cli_bad_value(const char *cmd, const struct option *opts, int c, const char *value, const char *want);
+
+/* Arguments past the ones a command takes: "megamoe: CMD: unexpected argument 'ARG'" and the usage on
+ * stderr. Returns 2 (the usage exit code). */
+int cli_unexpected(const char *cmd, const char *arg, const char *usage);
+
 /* Progress line on stderr (rewritten in place on a terminal, a line per ~10% elsewhere). */
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total);
 

@@ -2,6 +2,7 @@
  * cli_util.c -- option parsing, progress lines, random data and the shared layer setup of the CLI.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -20,6 +21,23 @@ int cli_fail(const char *fmt, ...) {
     fputc('\n', stderr);
     va_end(ap);
     return 1;
+}
+
+int cli_bad_value(const char *cmd, const struct option *opts, int c, const char *value, const char *want) {
+    const char *name = "?";
+    for (const struct option *o = opts; o->name; o++)
+        if (o->val == c) {
+            name = o->name;
+            break;
+        }
+    return cli_fail("%s: --%s %s: expected %s (see megamoe %s --help)", cmd, name, value[0] ? value : "''", want,
+                    cmd);
+}
+
+int cli_unexpected(const char *cmd, const char *arg, const char *usage) {
+    cli_fail("%s: unexpected argument '%s'", cmd, arg);
+    fputs(usage, stderr);
+    return 2;
 }
 
 void cli_progress(void *user, const char *what, uint64_t done, uint64_t total) {

@@ -141,25 +141,28 @@ int cmd_bench(int argc, char **argv) {
     megamoe_backend backend = MEGAMOE_BACKEND_CPU;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int ok = 1;
+        const char *want = "an integer >= 1";
         switch (c) {
-        case 'E': ok = cli_parse_int(optarg, &E); break;
-        case 'K': ok = cli_parse_int(optarg, &K); break;
-        case 'H': ok = cli_parse_int(optarg, &H); break;
-        case 'I': ok = cli_parse_int(optarg, &I); break;
+        case 'E': ok = cli_parse_int(optarg, &E) && E >= 1; break;
+        case 'K': ok = cli_parse_int(optarg, &K) && K >= 1; break;
+        case 'H': ok = cli_parse_int(optarg, &H) && H >= 1; break;
+        case 'I': ok = cli_parse_int(optarg, &I) && I >= 1; break;
         case 'T': {
             char buf[256];
             snprintf(buf, sizeof buf, "%s", optarg);
+            want = "up to 32 integers >= 0, separated by commas";
             nT = 0;
             for (char *tok = strtok(buf, ","); tok && ok; tok = strtok(NULL, ","))
                 ok = nT < 32 && cli_parse_int(tok, &Ts[nT]) && Ts[nT] >= 0 && ++nT;
             ok = ok && nT > 0;
             break;
         }
-        case 'R': ok = cli_parse_int(optarg, &R); break;
-        case 't': ok = cli_parse_int(optarg, &threads); break;
+        case 'R': want = "an integer in 1..72", ok = cli_parse_int(optarg, &R); break;
+        case 't': want = "an integer in 0..1024", ok = cli_parse_int(optarg, &threads); break;
         case 'n': ok = cli_parse_int(optarg, &iters) && iters >= 1; break;
         case 'G': ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
         case 'g':
+            want = "auto, mma, wgmma, stream, ws or ws64";
             gemm = strcmp(optarg, "auto") == 0    ? 0
                    : strcmp(optarg, "mma") == 0   ? 1
                    : strcmp(optarg, "wgmma") == 0 ? 2
@@ -169,11 +172,12 @@ int cmd_bench(int argc, char **argv) {
                                                    : -1;
             ok = gemm >= 0;
             break;
-        case 's': ok = cli_parse_u64(optarg, &seed); break;
-        case 'P': ok = cli_parse_float(optarg, &peak_tflops) && peak_tflops > 0; break;
+        case 's': want = "an integer in 0..2^64-1", ok = cli_parse_u64(optarg, &seed); break;
+        case 'P': want = "a number > 0", ok = cli_parse_float(optarg, &peak_tflops) && peak_tflops > 0; break;
         case 'J': json_path = optarg; break;
-        case 'a': ok = cli_parse_activations(optarg, &activations); break;
+        case 'a': want = "bf16 or nvfp4", ok = cli_parse_activations(optarg, &activations); break;
         case 'f':
+            want = "nvfp4 or bf16";
             if (strcmp(optarg, "nvfp4") == 0)
                 fmt = MEGAMOE_FORMAT_NVFP4;
             else if (strcmp(optarg, "bf16") == 0)
@@ -181,12 +185,13 @@ int cmd_bench(int argc, char **argv) {
             else
                 ok = 0;
             break;
-        case 'b': ok = cli_parse_backend(optarg, 0, &backend); break;
+        case 'b': want = "cpu or cuda", ok = cli_parse_backend(optarg, 0, &backend); break;
         case 'h': fputs(k_bench_help, stdout); return 0;
         default: fputs(k_bench_help, stderr); return 2;
         }
-        if (!ok) return cli_fail("bench: bad value '%s' (see megamoe bench --help)", optarg);
+        if (!ok) return cli_bad_value("bench", opts, c, optarg, want);
     }
+    if (optind < argc) return cli_unexpected("bench", argv[optind], k_bench_help);
     if (cli_check_threads("bench", threads) || (gpus == 0 && cli_check_ranks("bench", R))) return 1;
     if (json_path && gpus > 0) return cli_fail("bench: --json is not written for --gpus runs yet");
     FILE *json = NULL;

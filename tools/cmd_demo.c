@@ -132,21 +132,23 @@ int cmd_demo(int argc, char **argv) {
     const char *backend_name = "auto";
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int ok = 1;
+        const char *want = "";
         switch (c) {
         case 'b': backend_name = optarg; break;
-        case 'T': ok = cli_parse_int(optarg, &T) && T >= 1; break;
-        case 't': ok = cli_parse_int(optarg, &threads); break;
-        case 's': ok = cli_parse_u64(optarg, &seed); break;
-        case 'a': ok = cli_parse_activations(optarg, &activations); break;
+        case 'T': want = "an integer >= 1", ok = cli_parse_int(optarg, &T) && T >= 1; break;
+        case 't': want = "an integer in 0..1024", ok = cli_parse_int(optarg, &threads); break;
+        case 's': want = "an integer in 0..2^64-1", ok = cli_parse_u64(optarg, &seed); break;
+        case 'a': want = "bf16 or nvfp4", ok = cli_parse_activations(optarg, &activations); break;
         case 'h': fputs(k_demo_help, stdout); return 0;
         default: fputs(k_demo_help, stderr); return 2;
         }
-        if (!ok) return cli_fail("demo: bad value '%s' (see megamoe demo --help)", optarg);
+        if (!ok) return cli_bad_value("demo", opts, c, optarg, want);
     }
+    if (optind < argc) return cli_unexpected("demo", argv[optind], k_demo_help);
     if (cli_check_threads("demo", threads)) return 1;
     megamoe_backend backend;
     if (!cli_parse_backend(backend_name, 1, &backend))
-        return cli_fail("demo: --backend must be auto, cpu or cuda");
+        return cli_bad_value("demo", opts, 'b', backend_name, "auto, cpu or cuda");
     if (backend == MEGAMOE_BACKEND_CUDA && !megamoe_backend_available(MEGAMOE_BACKEND_CUDA))
         return cli_fail(
             "demo: --backend cuda: no usable CUDA device (sm_90) or this build has no CUDA backend");

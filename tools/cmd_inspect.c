@@ -38,7 +38,8 @@ int cmd_inspect(int argc, char **argv) {
         else
             return fputs(k_inspect_help, stderr), 2;
     }
-    if (optind != argc - 1) return fputs(k_inspect_help, stderr), 2;
+    if (argc - optind > 1) return cli_unexpected("inspect", argv[optind + 1], k_inspect_help);
+    if (argc - optind != 1) return fputs(k_inspect_help, stderr), 2;
     megamoe_checkpoint *ck = NULL;
     megamoe_status st = megamoe_checkpoint_open(argv[optind], &ck);
     if (st) {

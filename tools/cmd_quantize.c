@@ -32,16 +32,18 @@ int cmd_quantize(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int ok = 1;
+        const char *want = "";
         switch (c) {
-        case 'n': ok = cli_parse_int(optarg, &o.calib_tokens) && o.calib_tokens > 0; break;
-        case 's': ok = cli_parse_u64(optarg, &o.calib_seed); break;
-        case 'C': ok = cli_parse_float(optarg, &o.activation_clamp); break;
+        case 'n': want = "an integer >= 1", ok = cli_parse_int(optarg, &o.calib_tokens) && o.calib_tokens > 0; break;
+        case 's': want = "an integer in 0..2^64-1", ok = cli_parse_u64(optarg, &o.calib_seed); break;
+        case 'C': want = "a number >= 0", ok = cli_parse_float(optarg, &o.activation_clamp); break;
         case 'h': fputs(k_quantize_help, stdout); return 0;
         default: fputs(k_quantize_help, stderr); return 2;
         }
-        if (!ok) return cli_fail("quantize: bad value '%s' (see megamoe quantize --help)", optarg);
+        if (!ok) return cli_bad_value("quantize", opts, c, optarg, want);
     }
-    if (optind != argc - 2) return fputs(k_quantize_help, stderr), 2;
+    if (argc - optind > 2) return cli_unexpected("quantize", argv[optind + 2], k_quantize_help);
+    if (argc - optind != 2) return fputs(k_quantize_help, stderr), 2;
     char err[1024];
     megamoe_status st = megamoe_quantize_checkpoint(argv[optind], argv[optind + 1], &o, err, sizeof err);
     if (st) return cli_fail("quantize: %s: %s", megamoe_status_string(st), err);

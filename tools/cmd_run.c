@@ -111,27 +111,29 @@ int cmd_run(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int ok = 1;
+        const char *want = "";
         switch (c) {
         case 'c': ckpt = optarg; break;
         case 'p': prefix = optarg; break;
         case 'i': in_path = optarg; break;
         case 'o': out_path = optarg; break;
-        case 'r': ok = cli_parse_int(optarg, &ranks); break;
-        case 'G': ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
-        case 't': ok = cli_parse_int(optarg, &threads); break;
-        case 'm': ok = cli_parse_int(optarg, &max_tokens); break;
-        case 'e': ok = cli_parse_float(optarg, &cfg.norm_eps); break;
+        case 'r': want = "an integer in 1..72", ok = cli_parse_int(optarg, &ranks); break;
+        case 'G': want = "an integer >= 1", ok = cli_parse_int(optarg, &gpus) && gpus >= 1; break;
+        case 't': want = "an integer in 0..1024", ok = cli_parse_int(optarg, &threads); break;
+        case 'm': want = "an integer in 1..2147483647", ok = cli_parse_int(optarg, &max_tokens) && max_tokens >= 1; break;
+        case 'e': want = "a number > 0", ok = cli_parse_float(optarg, &cfg.norm_eps); break;
         case 'z': cfg.norm_zero_centered = 1; break;
-        case 'g': ok = cli_parse_float(optarg, &cfg.norm_gain_center); break;
-        case 'C': ok = cli_parse_float(optarg, &cfg.activation_clamp); break;
-        case 'a': ok = cli_parse_activations(optarg, &activations); break;
-        case 'b': ok = cli_parse_backend(optarg, 0, &backend); break;
+        case 'g': want = "a number", ok = cli_parse_float(optarg, &cfg.norm_gain_center); break;
+        case 'C': want = "a number >= 0", ok = cli_parse_float(optarg, &cfg.activation_clamp); break;
+        case 'a': want = "bf16 or nvfp4", ok = cli_parse_activations(optarg, &activations); break;
+        case 'b': want = "cpu or cuda", ok = cli_parse_backend(optarg, 0, &backend); break;
         case 'h': fputs(k_run_help, stdout); return 0;
         default: fputs(k_run_help, stderr); return 2;
         }
-        if (!ok) return cli_fail("run: bad value '%s' for an option (see megamoe run --help)", optarg);
+        if (!ok) return cli_bad_value("run", opts, c, optarg, want);
     }
-    if (!ckpt || !in_path || !out_path || optind != argc) {
+    if (optind < argc) return cli_unexpected("run", argv[optind], k_run_help);
+    if (!ckpt || !in_path || !out_path) {
         fputs(k_run_help, stderr);
         return 2;
     }

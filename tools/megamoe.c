@@ -33,6 +33,14 @@ int main(int argc, char **argv) {
                 {"inspect", cmd_inspect},
                 {"quantize", cmd_quantize}};
     if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+        static const char usage[] = "usage: megamoe version\n\nPrints the version.\n";
+        if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0))
+            return fputs(usage, stdout), 0;
+        if (argc > 2 && argv[2][0] == '-') {
+            cli_fail("version: unrecognized option '%s'", argv[2]);
+            return fputs(usage, stderr), 2;
+        }
+        if (argc > 2) return cli_unexpected("version", argv[2], usage);
         printf("megamoe %s\n", megamoe_version_string());
         return 0;
     }

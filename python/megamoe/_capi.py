@@ -6,7 +6,9 @@ build folder), then the copy installed beside this file by `pip install .`.
 """
 import ctypes
 import glob
+import json
 import os
+import warnings
 
 MAX_DIMS = 8
 
@@ -51,33 +53,23 @@ class GroupConfig(ctypes.Structure):
     ]
 
 
-_LAYER_CONFIG_HEAD = [
-    ("name", ctypes.c_char_p),
-    ("num_experts", ctypes.c_int),
-    ("top_k", ctypes.c_int),
-    ("hidden_size", ctypes.c_int),
-    ("intermediate_size", ctypes.c_int),
-    ("max_tokens", ctypes.c_int),
-    ("format", ctypes.c_int),
-]
-_LAYER_CONFIG_TAIL = [
-    ("norm_eps", ctypes.c_float),
-    ("norm_zero_centered", ctypes.c_int),
-    ("norm_gain_center", ctypes.c_float),
-    ("activation_clamp", ctypes.c_float),
-    ("timeout_ms", ctypes.c_int),
-    ("gemm_kernel", ctypes.c_int),
-]
-
-
 class LayerConfig(ctypes.Structure):
-    """megamoe_layer_config of a library without the `activations` field."""
-    _fields_ = _LAYER_CONFIG_HEAD + _LAYER_CONFIG_TAIL
-
-
-class LayerConfigActivations(ctypes.Structure):
-    """megamoe_layer_config with `activations` (SPEC §3b) after `format`."""
-    _fields_ = _LAYER_CONFIG_HEAD + [("activations", ctypes.c_int)] + _LAYER_CONFIG_TAIL
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("num_experts", ctypes.c_int),
+        ("top_k", ctypes.c_int),
+        ("hidden_size", ctypes.c_int),
+        ("intermediate_size", ctypes.c_int),
+        ("max_tokens", ctypes.c_int),
+        ("format", ctypes.c_int),
+        ("activations", ctypes.c_int),
+        ("norm_eps", ctypes.c_float),
+        ("norm_zero_centered", ctypes.c_int),
+        ("norm_gain_center", ctypes.c_float),
+        ("activation_clamp", ctypes.c_float),
+        ("timeout_ms", ctypes.c_int),
+        ("gemm_kernel", ctypes.c_int),
+    ]
 
 
 # enum megamoe_activations
@@ -143,6 +135,7 @@ _PROTOTYPES = {
     "megamoe_status_string": (_S, [_I]),
     "megamoe_version_string": (_S, []),
     "megamoe_dtype_name": (_S, [_I]),
+    "megamoe_dtype_size": (ctypes.c_size_t, [_I]),
     "megamoe_group_config_init": (None, [ctypes.POINTER(GroupConfig)]),
     "megamoe_group_create": (_I, [ctypes.POINTER(GroupConfig), ctypes.POINTER(_P)]),
     "megamoe_group_destroy": (None, [_P]),
@@ -152,8 +145,8 @@ _PROTOTYPES = {
     "megamoe_group_rank": (_I, [_P, _I]),
     "megamoe_backend_available": (_I, [_I]),
     "megamoe_group_buffer_bytes": (_I, [_P, _I, _I, _I, _I, _I, ctypes.POINTER(ctypes.c_uint64)]),
-    "megamoe_layer_config_init": (None, [_P]),
-    "megamoe_layer_create": (_I, [_P, _P, ctypes.POINTER(_P)]),
+    "megamoe_layer_config_init": (None, [ctypes.POINTER(LayerConfig)]),
+    "megamoe_layer_create": (_I, [_P, ctypes.POINTER(LayerConfig), ctypes.POINTER(_P)]),
     "megamoe_layer_destroy": (None, [_P]),
     "megamoe_layer_last_error": (_S, [_P]),
     "megamoe_layer_load_weight": (_I, [_P, _S, ctypes.POINTER(Tensor)]),
@@ -168,6 +161,7 @@ _PROTOTYPES = {
     "megamoe_checkpoint_last_error": (_S, [_P]),
     "megamoe_checkpoint_num_tensors": (_I, [_P]),
     "megamoe_checkpoint_tensor": (_I, [_P, _I, ctypes.POINTER(_S), ctypes.POINTER(Tensor)]),
+    "megamoe_checkpoint_find": (_I, [_P, _S, ctypes.POINTER(Tensor)]),
     "megamoe_checkpoint_find_layers": (_I, [_P, ctypes.POINTER(LayerInfo), _I, ctypes.POINTER(_I)]),
     "megamoe_checkpoint_describe_layer": (_I, [_P, _S, ctypes.POINTER(LayerInfo)]),
     "megamoe_layer_load_checkpoint": (_I, [_P, _P, _S, ProgressFn, _P]),
@@ -226,18 +220,53 @@ def _load():
     return lib, nccl
 
 
-def _layer_config_type(lib):
-    """Which megamoe_layer_config the loaded library has: megamoe_layer_config_init sets norm_eps to
-    1e-6, at the offset after `format` (old layout) or after `activations` (SPEC §3b)."""
-    buf = (ctypes.c_char * 256)()
-    lib.megamoe_layer_config_init(buf)
-    for cls in (LayerConfigActivations, LayerConfig):
-        probe = cls.from_buffer_copy(bytes(buf)[:ctypes.sizeof(cls)])
-        if abs(probe.norm_eps - 1e-6) < 1e-12 and abs(probe.norm_gain_center - 1.0) < 1e-12:
-            return cls
-    raise ImportError("megamoe: the C library's megamoe_layer_config does not match this package")
+def _built_nccl():
+    """The NCCL version ("2.28.9") the library's NCCL backend was compiled against, from
+    megamoe_build.json beside it (python/CMakeLists.txt writes it); None without an NCCL backend or
+    the file."""
+    try:
+        with open(os.path.join(os.path.dirname(library_path()), "megamoe_build.json")) as f:
+            v = json.load(f).get("nccl")
+        return v if isinstance(v, str) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _loaded_nccl(preloaded):
+    """The version ("2.30.7") of the NCCL this process has loaded (ncclGetVersion), or None."""
+    try:
+        nccl = preloaded or ctypes.CDLL("libnccl.so.2")
+        code = ctypes.c_int()
+        if nccl.ncclGetVersion(ctypes.byref(code)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    v = code.value
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 20900 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
+def nccl_mismatch(built, loaded):
+    """The message for an NCCL other than the one the library was built against (the same major and
+    minor version is required: NCCL's device API has no ABI stability across releases), or None."""
+    if not built or not loaded or built.split(".")[:2] == loaded.split(".")[:2]:
+        return None
+    return (f"megamoe: libmegamoe.so's NCCL backend was built against NCCL {built}, but this process loaded NCCL "
+            f"{loaded}; NCCL's device API is not compatible across releases, so the 'nccl' backend refuses to run. "
+            f"Install NCCL {built} (e.g. the nvidia-nccl pip package of that version, or set MEGAMOE_NCCL_LIBRARY to "
+            f"its libnccl.so.2), or build megamoe against NCCL {loaded}")
 
 
 lib, nccl_lib = _load()
-LayerConfigType = _layer_config_type(lib)
-HAS_ACTIVATIONS = LayerConfigType is LayerConfigActivations
+NCCL_BUILT = _built_nccl()
+NCCL_LOADED = _loaded_nccl(nccl_lib) if NCCL_BUILT else None
+NCCL_MISMATCH = nccl_mismatch(NCCL_BUILT, NCCL_LOADED)
+if NCCL_MISMATCH:
+    warnings.warn(NCCL_MISMATCH, RuntimeWarning, stacklevel=2)
+
+
+def check_nccl_version():
+    """Raises NcclError (at Group("nccl")) when the loaded NCCL is not the one the library was built for."""
+    if NCCL_MISMATCH:
+        import megamoe
+
+        raise megamoe.NcclError(NCCL_MISMATCH, 11)

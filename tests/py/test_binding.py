@@ -168,8 +168,7 @@ def test_structs_match_the_header():
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
         return [re.split(r"[\s\*]+", d.strip().split("[")[0])[-1] for d in body.split(";") if d.strip()]
 
-    # the layer config as the loaded library has it (with or without SPEC §3b's activations)
-    for struct, cls in (("megamoe_group_config", _capi.GroupConfig), ("megamoe_layer_config", _capi.LayerConfigType),
+    for struct, cls in (("megamoe_group_config", _capi.GroupConfig), ("megamoe_layer_config", _capi.LayerConfig),
                         ("megamoe_forward_args", _capi.ForwardArgs), ("megamoe_memory_info", _capi.MemoryInfo),
                         ("megamoe_layer_info", _capi.LayerInfo), ("megamoe_tensor", _capi.Tensor),
                         ("megamoe_quantize_options", _capi.QuantizeOptions)):

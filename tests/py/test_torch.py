@@ -28,14 +28,12 @@ MODES = [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16", "bf16")]  # (weights, a
 
 @pytest.mark.parametrize("fmt,act", MODES)
 def test_module_equals_cli_and_reference(tmp_path, fmt, act):
-    if act != fmt and not megamoe.HAS_ACTIVATIONS:
-        pytest.skip("the C library has no activations setting (SPEC §3b)")
     model, x, ids, w, pad = layer_case(fmt)
     m = tu.make_module(model, K=4, t_max=64, activations=act)
     assert m.activations == act
     y = m(*tu.torch_inputs(x, ids, w, pad))
     assert y.dtype == torch.bfloat16 and tuple(y.shape) == x.shape
-    y_cli = tu.cli_y(tmp_path, model, x, ids, w, pad, activations=act if megamoe.HAS_ACTIVATIONS else None)
+    y_cli = tu.cli_y(tmp_path, model, x, ids, w, pad, activations=act)
     assert tu.same_bits(y, y_cli), "the module's y differs from `megamoe run` on the same layer"
     yn = tu.numpy_of(y)
     check_rows(yn, x, ids, pad)
@@ -373,18 +371,11 @@ def test_activations_setting():
         MegaMoEExperts(is_nvfp4=True, activations="fp8", **kw)
     with pytest.raises(megamoe.Error, match="activations|ACTIVATIONS"):
         MegaMoEExperts(is_nvfp4=False, activations="nvfp4", **kw)
-    if megamoe.HAS_ACTIVATIONS:
-        # SPEC §3b: NVFP4 weights default to BF16 activations; NVFP4 activations on request
-        assert MegaMoEExperts(is_nvfp4=True, **kw).activations == "bf16"
-        assert MegaMoEExperts(is_nvfp4=True, activations="nvfp4", **kw).activations == "nvfp4"
-    else:
-        # the library computes NVFP4 layers with NVFP4 activations only (SPEC §3)
-        assert MegaMoEExperts(is_nvfp4=True, **kw).activations == "nvfp4"
-        with pytest.raises(megamoe.UnsupportedError, match="activations='bf16'"):
-            MegaMoEExperts(is_nvfp4=True, activations="bf16", **kw)
+    # SPEC §3b: NVFP4 weights default to BF16 activations; NVFP4 activations on request
+    assert MegaMoEExperts(is_nvfp4=True, **kw).activations == "bf16"
+    assert MegaMoEExperts(is_nvfp4=True, activations="nvfp4", **kw).activations == "nvfp4"
 
 
-@pytest.mark.skipif(not megamoe.HAS_ACTIVATIONS, reason="the C library has no activations setting (SPEC §3b)")
 def test_bf16_activations_differ_from_nvfp4_and_are_closer_to_the_weights():
     """SPEC §3b: activations='bf16' leaves x and a unquantized, so its y is closer to the float64 layer
     with unquantized activations than the NVFP4-activation layer's."""

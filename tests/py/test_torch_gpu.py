@@ -136,6 +136,52 @@ def test_bad_ids_reported_by_check_without_sync():
     m.check()
 
 
+@pytest.mark.parametrize("value", [2**32 + 1, -2**40, 16])
+def test_int64_ids_past_int32_reported_by_check_with_their_value(value):
+    """int64 ids (vLLM's router gives them) are narrowed on the device without a host sync; an id past
+    int32 stays a bad id (it does not wrap onto an expert), and check() names its real value."""
+    model, x, ids, w, pad = case("bf16", T=16, edge=False)
+    m = tu.make_module(model, K=4, t_max=16, device=DEV)
+    X, W, ID, P = tu.torch_inputs(x, ids, w, pad, DEV)
+    y0 = m(X, W, ID, P)
+    bad = ID.long()
+    bad[2, 3] = value
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        op = torch.ops.megamoe.experts
+        op(m._layer_id, X, W.bfloat16().float(), bad, P)
+        op.default(m._layer_id, X, W.bfloat16(), bad, P)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    with pytest.raises(megamoe.BadInputError, match=f"token 2 slot 3: expert id {value} is outside"):
+        m.check()
+    assert tu.same_bits(m(X, W, ID.long(), P), y0)
+    m.check()
+
+
+def test_forwards_on_two_streams_do_not_share_the_buffer_at_once():
+    """Two modules of one shape (one buffer, SPEC §7) called on two CUDA streams without any
+    synchronization between them: the second stream waits for the first (docs/PYTHON.md, Threads),
+    so each y is the one a lone call gives."""
+    model_a, x, ids, w, pad = case("nvfp4", T=48, seed=7)
+    model_b, *_ = case("nvfp4", T=48, seed=9)
+    a, b = tu.make_module(model_a, K=4, t_max=64, device=DEV), tu.make_module(model_b, K=4, t_max=64, device=DEV)
+    args = tu.torch_inputs(x, ids, w, pad, DEV)
+    want_a, want_b = a(*args), b(*args)
+    torch.cuda.synchronize()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    ys = []
+    for _ in range(20):
+        with torch.cuda.stream(s1):
+            ya = a(*args)
+        with torch.cuda.stream(s2):
+            yb = b(*args)
+        ys.append((ya, yb))
+    torch.cuda.synchronize()
+    for ya, yb in ys:
+        assert tu.same_bits(ya, want_a) and tu.same_bits(yb, want_b)
+
+
 def test_cuda_op_eager_path_equals_the_dispatcher():
     """On CUDA, torch.ops.megamoe.experts called eagerly on plain tensors (its kernel without the
     dispatcher) and through the dispatcher (the OpOverload) give the same y bitwise, contiguous on the

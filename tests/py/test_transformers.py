@@ -183,8 +183,6 @@ class ReferenceExperts(torch.nn.Module):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
 def test_quantized_experts_swap(tmp_path, kind, device, act):
-    if act == "bf16" and not megamoe.HAS_ACTIVATIONS:
-        pytest.skip("the C library has no activations setting (SPEC §3b)")
     model = build(kind, seed=3)
     tokens = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(4))
     bf16_path, nvfp4_path = tmp_path / "experts_bf16.safetensors", tmp_path / "experts_nvfp4.safetensors"
@@ -202,7 +200,7 @@ def test_quantized_experts_swap(tmp_path, kind, device, act):
     m16 = copy.deepcopy(model).to(torch.bfloat16)
     unquantized = copy.deepcopy(model).float()
     hf.replace_experts(m16, max_tokens=tokens.numel(), device=device, checkpoint=nvfp4_path,
-                       activations=act if megamoe.HAS_ACTIVATIONS else None)
+                       activations=act)
     assert [b.experts.is_nvfp4 for _, b in hf.moe_blocks(m16)] == [True, True]
     force_routing(m16, [ref_model, weights_only, unquantized])
     mm = logits(m16, tokens, device)

@@ -53,6 +53,7 @@ def test_pip_install_dot(tmp_path):
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
     assert "megamoe/libmegamoe.so" in names and "megamoe/torch/_op.py" in names
+    assert "megamoe/megamoe_build.json" in names  # the NCCL version the package checks at import
     p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
                         "--target", str(target), whl], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr

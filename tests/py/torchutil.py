@@ -17,16 +17,12 @@ if os.environ.get("MEGAMOE_LIBRARY"):
 
 def spec3_activations(fmt):
     """Keyword arguments that give a layer SPEC §3's numerics (NVFP4 activations for NVFP4 weights), the
-    ones tests/py/mmref.py computes, whether or not the library has the §3b setting."""
-    import megamoe
-
-    return {"activations": "nvfp4"} if fmt == "nvfp4" and megamoe.HAS_ACTIVATIONS else {}
+    ones tests/py/mmref.py computes."""
+    return {"activations": "nvfp4"} if fmt == "nvfp4" else {}
 
 
 def cli_activations(fmt):
-    import megamoe
-
-    return ["--activations", "nvfp4"] if fmt == "nvfp4" and megamoe.HAS_ACTIVATIONS else []
+    return ["--activations", "nvfp4"] if fmt == "nvfp4" else []
 
 
 def cuda_gpu():

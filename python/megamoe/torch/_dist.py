@@ -42,8 +42,10 @@ _comms = []  # communicators made here, destroyed at exit after the groups that 
 
 
 def nccl_comm_from_process_group(pg=None):
-    """Creates an ncclComm_t (as an int) spanning the ranks of `pg` (default: the world group), on the
-    current CUDA device. Collective: every rank of pg calls it."""
+    """Creates an ncclComm_t spanning the ranks of `pg` (default: the world group), on the current CUDA
+    device, as a megamoe.NcclComm (the package destroys it at exit). Collective: every rank of pg calls it."""
+    if pg is not None and not isinstance(pg, dist.ProcessGroup):
+        raise megamoe.ArgumentTypeError(f"pg: expected a torch.distributed.ProcessGroup or None, got {type(pg).__name__}", 1)
     lib = _nccl()
     pg = pg or dist.group.WORLD
     rank, world = dist.get_rank(pg), dist.get_world_size(pg)
@@ -63,7 +65,7 @@ def nccl_comm_from_process_group(pg=None):
     if r:
         _fail(lib, "ncclCommInitRank", r)
     _comms.append(comm.value)
-    return comm.value
+    return megamoe.NcclComm.unsafe_from_address(comm.value)
 
 
 def destroy_comms():
