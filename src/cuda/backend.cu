@@ -204,7 +204,8 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
         /* The unused static input scales of gate/up stay on the host (SPEC: kept, unused). */
         peak = cl->resident_bytes;
     }
-    if (st == MEGAMOE_OK) st = sm90_expert_gemm_prepare();
+    if (st == MEGAMOE_OK)
+        st = sm90_expert_gemm_prepare(l->config.gemm_kernel, l->config.format == MEGAMOE_FORMAT_NVFP4);
     if (st == MEGAMOE_OK) st = sm90_combine_prepare(l->config.top_k, (int)H);
     if (st == MEGAMOE_OK) st = upload_table(cl, R);
     if (st == MEGAMOE_OK && l->norm_gamma) {
@@ -297,8 +298,8 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
         const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
                                     args[r].is_padding, args[r].y};
         const bool last = r == g->local_ranks - 1;
-        st = sm90_combine_launch(sh, L, base[r], cl->gamma, a, last ? err + L.error : NULL,
-                                 last ? cl->host_error_dev : NULL, s);
+        st = sm90_combine_launch(plan_combine(a.T, sh.K, sh.H), sh, L, base[r], cl->gamma, a,
+                                 last ? err + L.error : NULL, last ? cl->host_error_dev : NULL, s);
         if (st) return st;
     }
     return MEGAMOE_OK;

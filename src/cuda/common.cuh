@@ -16,6 +16,7 @@ extern "C" {
 #include "../internal.h"
 }
 #include "../formats.h"
+#include "gemm_plan.h"
 #include "ptx/sync.cuh"
 
 /* The sizes one forward's kernels need, by value. */
@@ -37,10 +38,6 @@ struct mm_dev_shape {
     float eps;
     int gathered;   /* this forward gathers the gate/up input into L.xg (sm90_gather_kernel): see rank_gathered */
 };
-
-/* Across GPUs a rank gathers only from this many slot rows on: below, its gate/up reads the few remote
- * rows where they are (the gather kernel's copy and launch cost more at decode; DECISIONS 89). */
-#define MM_GATHER_MIN_SLOTS 512
 
 /* W4A16: the exponent e of the power of two that puts amax * 2^-e in [2^15, 2^16), at least lo; 0
  * when amax is 0 or not finite. Every bf16 value of at least amax * 2^-33 is then exactly an f16
@@ -66,15 +63,14 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
     return s;
 }
 
-/* Whether the rank whose buffer is `mine` reads its gathered copy in this forward: the host's choice in
- * one process (it knows the group's count), across GPUs also the rank's own slot count (known on the
- * device after routing; the same answer in every kernel of the forward, as they read the same count),
- * and never beyond the rows the copy holds. */
+/* Whether the rank whose buffer is `mine` reads its gathered copy in this forward (gemm_plan.h
+ * plan_rank_gathers): where the plan gathers, from the rank's own slot count (known on the device
+ * after routing; the same answer in every kernel of the forward, as they read the same count). */
 __device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *mine) {
     if (!sh.gathered) return false;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r];
-    if (n > L.xg_rows) return false; /* more than the copy holds (MM_GATHER_CAP): rows in place */
-    return sh.local_ranks == sh.R || n >= MM_GATHER_MIN_SLOTS;
+    if (n > L.xg_rows) return false; /* more than the copy holds: rows in place */
+    return plan_rank_gathers(sh.local_ranks == sh.R, n);
 }
 
 /* The buffer region of the gate/up GEMM's 16-bit input rows: the gathered copy L.xg (g), else the
@@ -151,6 +147,8 @@ int mm_cuda_group_device(const megamoe_group *g);
 
 /* Records a CUDA failure as a message for the caller's handle (set by the host side). */
 megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line);
+/* Records a failure that is not CUDA's (printf-style message) and returns st. */
+megamoe_status mm_cuda_fail(megamoe_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The message of the last mm_cuda_error (host side, per thread). */
 const char *mm_cuda_last_message(void);
 /* Clears it, before a call whose failure message is read afterwards. */

@@ -16,6 +16,9 @@
  * Activations are staged in shared memory (double-buffered) as exact f16 code * scale (NVFP4) or
  * bf16, one 64-wide K step per block barrier, or four when the tile has at most 16 tokens.
  */
+#include <array>
+#include <utility>
+
 #include "gemm/epilogue.cuh"
 #include "gemm/fragments.cuh"
 #include "gemm/splitk.cuh"
@@ -77,11 +80,13 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs,
     }
 }
 
+/* SPLIT: the split-K instantiation (plan_splitk), blockIdx.z = rank x grid_splits + split; the plain
+ * one keeps its registers. */
 template <int PHASE, bool NVFP4, bool SPLIT>
-__global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                       uint8_t *const *peers,
-                                                                       const mm_dev_weights *weights,
-                                                                       int grid_splits, int force) {
+__global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shape sh, mm_buffer_layout L,
+                                                                      uint8_t *const *peers,
+                                                                      const mm_dev_weights *weights,
+                                                                      int grid_splits, gemm_rule rule) {
     mm_wait_previous();
     __shared__ __align__(16) uint16_t Bs[2 * BN * LDB];
     extern __shared__ __align__(16) uint8_t a_ring[]; /* RING_BYTES for NVFP4, none for BF16 */
@@ -95,13 +100,11 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
     const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
     constexpr bool nvfp4 = NVFP4;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
-    /* The plan from the global token count (the host may launch more splits than it: NCCL ranks do
+    /* The phase's plan at the group's count (the host may launch more splits than it: NCCL ranks do
      * not know the other ranks' counts; the extra blocks leave here). */
-    const long slots = global_slots(sh, L, peers);
-    const splitk_plan plan = plan_splitk(slots, sh.E,
-                                         PHASE == PHASE_GATE_UP ? 2 * sh.I / ROWS_PER_BLOCK : sh.H / ROWS_PER_BLOCK, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4, min(sh.H, sh.I)) != GEMM_MMA) return; /* another kernel has it */
-    const int splits = SPLIT ? plan.splits : 1, ws_tiles = plan.ws_tiles;
+    const gemm_phase_choice plan = gemm_device_choice<PHASE, nvfp4>(rule, sh, global_slots(sh, L, peers), nkc);
+    if (plan.kernel != GEMM_MMA) return; /* another kernel has it */
+    const int splits = SPLIT ? plan.mma.splits : 1, ws_tiles = plan.mma.ws_tiles;
     if (split >= splits) return;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits to finish adds the partial
      * sums in split order (deterministic) and runs the epilogue. */
@@ -219,46 +222,44 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_gemm_kernel(mm_dev_sha
                                 lane);
 }
 
-template <int PH, bool NV>
-static megamoe_status launch_mma(dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                 uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    const int ring = NV ? RING_BYTES : 0;
-    if (sp > 1)
-        MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, true>, grid, WARPS * 32, ring, s, sh, L, peers, weights, sp, force));
+/* The instance table (gemm_plan.h mma_instance: row = phase | nvfp4 << 1 | split << 2), read by the
+ * launch and the opt-in; a row the build leaves out (mma_instance_built) holds no kernel. */
+using mma_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, gemm_rule);
+struct mma_row {
+    mma_kernel_fn kernel;
+    int smem; /* the NVFP4 weight ring (dynamic shared memory) */
+};
+template <int ROW>
+static constexpr mma_row mma_row_of() {
+    constexpr int phase = ROW & 1;
+    constexpr bool nvfp4 = (ROW >> 1) & 1, split = (ROW >> 2) & 1;
+    static_assert(mma_instance(phase, nvfp4, split) == ROW, "the row's axes");
+    if constexpr (mma_instance_built(nvfp4))
+        return {sm90_expert_mma_kernel<phase, nvfp4, split>, nvfp4 ? RING_BYTES : 0};
     else
-        MM_CUDA_TRY(mm_launch(sm90_expert_gemm_kernel<PH, NV, false>, grid, WARPS * 32, ring, s, sh, L, peers, weights, 1, force));
-    return MEGAMOE_OK;
+        return {nullptr, 0};
 }
+template <size_t... ROW>
+static constexpr std::array<mma_row, sizeof...(ROW)> mma_rows(std::index_sequence<ROW...>) {
+    return {{mma_row_of<ROW>()...}};
+}
+static const std::array<mma_row, MMA_INSTANCES> mma_instances = mma_rows(std::make_index_sequence<MMA_INSTANCES>());
 
-/* The mma.sync kernel of one phase. The split-K epilogue is a separate instantiation so the plain
- * one keeps its registers. */
-megamoe_status sm90_expert_mma_launch(int phase, dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                      uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    if (phase == PHASE_GATE_UP)
-        return sh.nvfp4 ? launch_mma<PHASE_GATE_UP, true>(grid, sp, sh, L, peers, weights, force, s)
-                        : launch_mma<PHASE_GATE_UP, false>(grid, sp, sh, L, peers, weights, force, s);
-    return sh.nvfp4 ? launch_mma<PHASE_DOWN, true>(grid, sp, sh, L, peers, weights, force, s)
-                    : launch_mma<PHASE_DOWN, false>(grid, sp, sh, L, peers, weights, force, s);
+megamoe_status sm90_expert_mma_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
+    const mma_row &k = mma_instances[g.instance];
+    if (!k.kernel) return sm90_expert_gemm_unbuilt(g);
+    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WARPS * 32, k.smem, s, a.sh, a.L, a.peers, a.weights, g.splits, g.rule));
+    return MEGAMOE_OK;
 }
 
 /* The NVFP4 kernels take more than 48 KB of shared memory (the weight ring is dynamic): the opt-in is
  * per function and device, so the layer's finalize calls this on its device, outside any capture. */
-template <int PHASE, bool NVFP4, bool SPLIT>
-static megamoe_status prepare_one() {
-    const void *f = (const void *)sm90_expert_gemm_kernel<PHASE, NVFP4, SPLIT>;
-    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, NVFP4 ? RING_BYTES : 0));
-    MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    return MEGAMOE_OK;
-}
-
 megamoe_status sm90_expert_mma_prepare() {
-    megamoe_status st = prepare_one<PHASE_GATE_UP, true, false>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, true, true>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, false>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, true, true>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, false, false>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_GATE_UP, false, true>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, false, false>();
-    if (st == MEGAMOE_OK) st = prepare_one<PHASE_DOWN, false, true>();
-    return st;
+    for (const mma_row &k : mma_instances) {
+        if (!k.kernel) continue;
+        MM_CUDA_TRY(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+        MM_CUDA_TRY(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared));
+    }
+    return MEGAMOE_OK;
 }

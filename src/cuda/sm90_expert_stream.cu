@@ -48,7 +48,6 @@
 #define ST_THREADS ((ST_WARPS + 1) * 32)
 #define ST_COLS 16                   /* tokens per chunk */
 #define ST_COLS_WIDE 32 /* tokens per chunk of the wide instantiation (STREAM_WIDE: 8-16 tokens per expert) */
-#define ST_BLOCKS_WIDE 3 /* its blocks per SM: 32 token rows and 4 n-tiles of accumulators each */
 #define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
 #define ST_SCALES 512                /*                8 groups x 64 B of scales */
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (4 beats 1 at 8-128 tokens, DECISIONS) */
@@ -56,7 +55,6 @@
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
 #define ST_STAGES_MORE 6 /* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
 #define ST_PAIR 2 /* K steps per ring slot (one bulk copy each of codes and scales; per-slot layout: token row) */
-#define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG / ST_PAIR neighbouring ring slots) */
 #define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per slot (a group's copy
                           * waits for the slot of its last step: a slot less lookahead) */
@@ -463,7 +461,7 @@ st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *con
 template <int PHASE, bool XG, int B, int U, int COLS>
 __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
-                              const mm_dev_weights *weights, int force, long host_slots, int host_splits,
+                              const mm_dev_weights *weights, gemm_rule rule, long host_slots, int host_splits,
                               int host_ordered) {
     constexpr bool early = PHASE == PHASE_DOWN; /* st_wait_for_inputs */
     if (!early) {
@@ -474,7 +472,7 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     __shared__ __align__(8) uint64_t bars[2 * lay::stages]; /* full, then empty (st_addr) */
     uint64_t *full = bars, *empty = bars + lay::stages;
     __shared__ st_header hdr[lay::stages];
-    __shared__ int base[ST_MAX_LOCAL + 1];
+    __shared__ int base[MM_MAX_RANKS + 1]; /* ranks on one GPU: at most a group's */
     __shared__ int col_code[ST_WARPS][COLS];
     __shared__ float col_scale[ST_WARPS][COLS];
 
@@ -491,8 +489,7 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         p.splits = host_splits;
     } else {
         p.slots = global_slots(sh, L, peers);
-        if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) !=
-            GEMM_STREAM) {
+        if (gemm_device_choice<PHASE, true>(rule, sh, p.slots, p.nkc).kernel != GEMM_STREAM) {
             if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
             return;
         }
@@ -540,52 +537,33 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     }
 }
 
-/* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
- * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, the per-slot
- * one with the K loop not unrolled, and the grouped one on 32-token chunks at ST_BLOCKS_WIDE. */
-using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, long, int,
-                              int);
+/* The instance table, one row per variant (gemm_plan.h plan_stream_variant: STREAM_PER_SLOT, _GROUPED,
+ * _MORE_BLOCKS, _ROLLED, _WIDE) with both phases, read by the launch and the opt-in: the per-slot and
+ * grouped layouts at MM_STREAM_BLOCKS_PER_SM, the per-slot one at a block per SM more, the per-slot
+ * one with the K loop not unrolled, and the grouped one on 32-token chunks at MM_STREAM_WIDE_BLOCKS. */
+using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, gemm_rule, long,
+                              int, int);
 struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
 };
-template <bool XG, int B, int U = MM_STREAM_UNROLL, int COLS = ST_COLS>
+template <int VARIANT, bool XG, int U = MM_STREAM_UNROLL, int COLS = ST_COLS>
 static constexpr st_variant st_variant_of() {
+    constexpr int B = plan_stream_blocks_per_sm(VARIANT);
     return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U, COLS>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U, COLS>},
             st_lay<XG, B, COLS>::smem,
             B};
 }
-/* [plan_stream_variant: STREAM_PER_SLOT, _GROUPED, _MORE_BLOCKS, _ROLLED, _WIDE] */
 static const st_variant st_variants[STREAM_VARIANTS] = {
-    st_variant_of<false, ST_BLOCKS_PER_SM>(), st_variant_of<true, ST_BLOCKS_PER_SM>(),
-    st_variant_of<false, ST_BLOCKS_PER_SM + 1>(), st_variant_of<false, ST_BLOCKS_PER_SM, 1>(),
-    st_variant_of<true, ST_BLOCKS_WIDE, MM_STREAM_UNROLL, ST_COLS_WIDE>()};
+    st_variant_of<STREAM_PER_SLOT, false>(), st_variant_of<STREAM_GROUPED, true>(),
+    st_variant_of<STREAM_MORE_BLOCKS, false>(), st_variant_of<STREAM_ROLLED, false, 1>(),
+    st_variant_of<STREAM_WIDE, true, MM_STREAM_UNROLL, ST_COLS_WIDE>()};
 
-megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
-                                         int force, cudaStream_t s) {
-    if (sh.local_ranks > ST_MAX_LOCAL) return MEGAMOE_ERR_UNSUPPORTED; /* refused at group creation */
-    int sms = 0;
-    MM_CUDA_TRY(mm_device_sms(&sms));
-    /* A persistent grid; the items of a forward are known on the device only, bounded here. */
-    const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
-    /* The instantiation from the host-known slot count (numerics are the same in every one). */
-    const st_variant &v = st_variants[plan_stream_variant(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms)];
-    const long resident = (long)v.blocks_per_sm * sms;
-    const long bound = (long)sh.local_ranks * tiles * Y * 16;
-    const int grid = (int)(bound < resident ? bound : resident);
-    if (grid <= 0) return MEGAMOE_OK;
-    /* One process: the slot count is the group's, so the kernel's choice (the host launched this
-     * kernel because it is the choice) and its split plan are known here; the blocks take them as
-     * arguments instead of reading the token count and planning (64-bit divisions, code fetched cold
-     * at decode) before their first copy. NCCL: 0, the blocks plan from the group's count. */
-    const bool one_process = sh.local_ranks == sh.R;
-    const int host_splits = one_process ? plan_stream_splits(slots, sh.E, Y, nkc) : 0;
-    /* The routing ordered the tiles (one process, its one-kernel path): most tokens first. */
-    const int ordered = sm90_route_orders_tiles(sh, slots);
-    MM_CUDA_TRY(mm_launch(v.kernel[phase], grid, ST_THREADS, v.smem, s, sh, L, peers, weights, force,
-                          one_process ? slots : 0L, host_splits, ordered));
-    MM_CUDA_TRY(cudaGetLastError());
+megamoe_status sm90_expert_stream_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
+    if (a.sh.local_ranks > MM_MAX_RANKS) return MEGAMOE_ERR_UNSUPPORTED; /* refused at group creation */
+    const st_variant &v = st_variants[g.instance];
+    MM_CUDA_TRY(mm_launch(v.kernel[g.phase], gemm_grid(g), ST_THREADS, v.smem, s, a.sh, a.L, a.peers, a.weights, g.rule,
+                          g.host_slots, g.host_splits, g.ordered));
     return MEGAMOE_OK;
 }
 
@@ -606,4 +584,3 @@ megamoe_status sm90_expert_stream_prepare() {
         }
     return MEGAMOE_OK;
 }
-

@@ -18,7 +18,9 @@
  * step, then the block barrier of the next). Rows past the tile's tokens stay zero and their columns
  * are dropped by the epilogue.
  */
+#include <array>
 #include <type_traits>
+#include <utility>
 
 #include "gemm/epilogue.cuh"
 #include "gemm/fragments.cuh"
@@ -30,10 +32,6 @@
 #define WG_THREADS (WG_WARPS * 32)
 #define WG_ROWS (WG_WARPS * GROUPS_PER_WARP * 16) /* 256 weight rows per block */
 #define WG_STAGES 5 /* pipeline slots */
-/* NVFP4: registers capped at 128 for 2 blocks (4 warpgroups) per SM. ptxas then serializes each
- * warpgroup's wgmma with its next step (C7511), but the other warpgroups fill the tensor cores
- * (faster than 1 block of 155 registers: DECISIONS 89). */
-#define WG_NVFP4_BLOCKS 2
 #define B_SLOT (MM_TILE_TOKENS * BK * 2) /* 8 KB: one K step of the token tile, 16-bit */
 static_assert(MM_TILE_TOKENS == 64, "the wgmma N is the token tile");
 static_assert(WG_ROWS == MM_WGMMA_ROWS, "the split plan's row blocks (gemm_plan.h)");
@@ -54,10 +52,9 @@ static_assert(MM_TILE_TOKENS * epi_stage_row<PHASE_DOWN>() <= wgmma_smem_bytes(t
  * per tile of its exact bound and takes the one-tile form (the loop's state costs the split form
  * spills at 128 registers). */
 template <int PHASE, bool NVFP4, bool SPLIT, bool LOOP>
-__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                          uint8_t *const *peers,
-                                                                          const mm_dev_weights *weights,
-                                                                          int grid_splits, int force) {
+__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_NVFP4_BLOCKS : 1)
+    sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, const mm_dev_weights *weights,
+                             int grid_splits, gemm_rule rule) {
     mm_wait_previous();
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ int col_code[MM_TILE_TOKENS], col_src[MM_TILE_TOKENS], col_token[MM_TILE_TOKENS];
@@ -70,8 +67,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     if ((int)blockIdx.x >= num_tiles) return;
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     const long slots = global_slots(sh, L, peers);
-    const splitk_plan plan = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / 128 : sh.H / 128, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, nvfp4, min(sh.H, sh.I)) != GEMM_WGMMA) return; /* another kernel has it */
+    if (gemm_device_choice<PHASE, nvfp4>(rule, sh, slots, nkc).kernel != GEMM_WGMMA) return; /* another kernel has it */
     const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
     /* Split-K: this block sums K steps [kc0, kc1); the last of the splits adds the partial sums in
      * split order (deterministic) and runs the epilogue. */
@@ -240,65 +236,40 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? WG_NVFP4_BLOCKS : 1) sm90_
     }
 }
 
-/* One phase; sp > 1 (NVFP4 only): the split-K instantiation with sp splits per rank in the grid. */
-template <int PH, bool LOOP>
-static megamoe_status wgmma_launch_phase(dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                         uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    const int smem = wgmma_smem_bytes(sh.nvfp4 != 0);
-    if (!sh.nvfp4)
-        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, false, false, LOOP>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
-    else if (sp > 1)
-        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, true, LOOP>, grid, WG_THREADS, smem, s, sh, L, peers, weights, sp, force));
+/* The instance table (gemm_plan.h wgmma_instance: row = phase | nvfp4 << 1 | split << 2 | walk << 3),
+ * read by the launch and the opt-in; a row the build leaves out (wgmma_instance_built) holds no kernel. */
+using wgmma_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int,
+                                 gemm_rule);
+struct wgmma_row {
+    wgmma_kernel_fn kernel;
+    int smem; /* the rings (dynamic shared memory) */
+};
+template <int ROW>
+static constexpr wgmma_row wgmma_row_of() {
+    constexpr int phase = ROW & 1;
+    constexpr bool nvfp4 = (ROW >> 1) & 1, split = (ROW >> 2) & 1, walk = (ROW >> 3) & 1;
+    static_assert(wgmma_instance(phase, nvfp4, split, walk) == ROW, "the row's axes");
+    if constexpr (wgmma_instance_built(nvfp4, split))
+        return {sm90_expert_wgmma_kernel<phase, nvfp4, split, walk>, wgmma_smem_bytes(nvfp4)};
     else
-        MM_CUDA_TRY(mm_launch(sm90_expert_wgmma_kernel<PH, true, false, LOOP>, grid, WG_THREADS, smem, s, sh, L, peers, weights, 1, force));
-    return MEGAMOE_OK;
+        return {nullptr, 0};
 }
-
-megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int splits,
-                                        int force, cudaStream_t s) {
-    const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
-    const int sp = sh.nvfp4 && splits > 1 ? splits : 1;
-    /* A block per (tile of the bound, row block, split). With NCCL the bound is sized for every rank
-     * at T_max: the grid is then cut to about one wave of blocks, which walk the tiles the device
-     * counted, so a decode forward does not schedule tens of thousands of blocks that only leave. */
-    int bx = tiles;
-    const bool loop = sh.local_ranks < sh.R;
-    if (loop) {
-        int sms = 0;
-        MM_CUDA_TRY(mm_device_sms(&sms));
-        const int per_sm = sh.nvfp4 ? WG_NVFP4_BLOCKS : 1, yz = (rows / WG_ROWS) * sh.local_ranks * sp;
-        const int cap = sms * per_sm / yz > 1 ? sms * per_sm / yz : 1;
-        if (bx > cap) bx = cap;
-    }
-    const dim3 grid(bx, rows / WG_ROWS, sh.local_ranks * sp);
-    megamoe_status st;
-    if (phase == PHASE_GATE_UP)
-        st = loop ? wgmma_launch_phase<PHASE_GATE_UP, true>(grid, sp, sh, L, peers, weights, force, s)
-                  : wgmma_launch_phase<PHASE_GATE_UP, false>(grid, sp, sh, L, peers, weights, force, s);
-    else
-        st = loop ? wgmma_launch_phase<PHASE_DOWN, true>(grid, sp, sh, L, peers, weights, force, s)
-                  : wgmma_launch_phase<PHASE_DOWN, false>(grid, sp, sh, L, peers, weights, force, s);
-    if (st != MEGAMOE_OK) return st;
-    MM_CUDA_TRY(cudaGetLastError());
-    return MEGAMOE_OK;
+template <size_t... ROW>
+static constexpr std::array<wgmma_row, sizeof...(ROW)> wgmma_rows(std::index_sequence<ROW...>) {
+    return {{wgmma_row_of<ROW>()...}};
 }
+static const std::array<wgmma_row, WGMMA_INSTANCES> wgmma_instances =
+    wgmma_rows(std::make_index_sequence<WGMMA_INSTANCES>());
 
-template <int PHASE, bool NVFP4, bool SPLIT>
-static megamoe_status wgmma_prepare_one() {
-    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4, SPLIT, false>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem_bytes(NVFP4)));
-    MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_expert_wgmma_kernel<PHASE, NVFP4, SPLIT, true>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem_bytes(NVFP4)));
+megamoe_status sm90_expert_wgmma_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
+    const wgmma_row &k = wgmma_instances[g.instance];
+    if (!k.kernel) return sm90_expert_gemm_unbuilt(g);
+    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WG_THREADS, k.smem, s, a.sh, a.L, a.peers, a.weights, g.splits, g.rule));
     return MEGAMOE_OK;
 }
 
 megamoe_status sm90_expert_wgmma_prepare() {
-    megamoe_status st = wgmma_prepare_one<PHASE_GATE_UP, true, false>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_GATE_UP, true, true>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_GATE_UP, false, false>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true, false>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, true, true>();
-    if (st == MEGAMOE_OK) st = wgmma_prepare_one<PHASE_DOWN, false, false>();
-    return st;
+    for (const wgmma_row &k : wgmma_instances)
+        if (k.kernel) MM_CUDA_TRY(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    return MEGAMOE_OK;
 }

@@ -25,7 +25,9 @@
  * BF16 takes its A operand from shared memory instead (SS wgmma): a slab's K step is stored in the
  * K-major core-matrix order (weight_layout.h), so the bulk-copied 16 KB is the operand as it lands.
  */
+#include <array>
 #include <type_traits>
+#include <utility>
 
 #include "gemm/epilogue.cuh"
 #include "gemm/fragments.cuh"
@@ -59,17 +61,6 @@ struct ws_cfg {
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
 
-/* Gate/up always walks (sm90_expert_ws_launch), so its one-item form is not built. */
-template <int PHASE>
-constexpr bool ws_one_item_built() {
-    return PHASE != PHASE_GATE_UP;
-}
-/* The 128-token NVFP4 form is built twice: with the wgmma on m64n128, and SPLIT into m64n64 +
- * m64n32 + m64n32 (the parts past an item's tokens skipped); gemm_plan.h ws_split_n picks. */
-template <bool NVFP4, int NTOK>
-constexpr bool ws_split_built() {
-    return NVFP4 && NTOK == 128;
-}
 /* The walking form stages its epilogue in a tile of its own past the ring, so the producer fills the
  * ring with the next item's steps meanwhile: NVFP4 gate/up's NTOK columns of 128 16-bit values; the
  * other phases 64 columns a pass, in one or two passes (down's f32 columns are 1 KB each: 128 of them
@@ -143,7 +134,7 @@ template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
 __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
                                                                        uint8_t *const *peers,
                                                                        const mm_dev_weights *weights, int tiles,
-                                                                       int force,
+                                                                       gemm_rule rule,
                                                                        const __grid_constant__ CUtensorMap tok_map,
                                                                        int tok_tma) {
     using C = ws_cfg<NVFP4, NTOK>;
@@ -170,10 +161,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         if (only.ncols == 0) return;
     }
     const long slots = global_slots(sh, L, peers);
-    const splitk_plan plan = plan_splitk(slots, sh.E, rows_total / 128, nkc);
-    if (gemm_choice(force, slots, sh.E, plan.splits, NVFP4, min(sh.H, sh.I)) != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
+    if (gemm_device_choice<PHASE, NVFP4>(rule, sh, slots, nkc).kernel != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
         return; /* another kernel has it */
-    if (ws_split_built<NVFP4, NTOK>() && (ws_split_n(slots, sh.E) != 0) != SPLIT) return; /* the other form has it */
+    if (NVFP4 && NTOK == 128 && (ws_split_n(slots, sh.E) != 0) != SPLIT) return; /* the other form has it */
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
@@ -456,7 +446,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
              * threads), been read. Not with LOOP: its producer fills the ring with the next item's
              * steps during the epilogue. */
             static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            static_assert(ws_one_item_built<PHASE>(), "gate/up walks");
+            static_assert(ws_instance_built(PHASE, NVFP4, NTOK == 128, LOOP, SPLIT), "gate/up walks");
             staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(
                 acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
                 it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
@@ -501,6 +491,31 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     });
 }
 
+/* The instance table (gemm_plan.h ws_instance: row = phase | nvfp4 << 1 | 128 tokens << 2 | walk << 3
+ * | split_n << 4), read by the launch and the opt-in; a row the plan never produces (ws_instance_built:
+ * gate/up one item per block, split_n outside the NVFP4 128-token form) holds no kernel. */
+using ws_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, gemm_rule,
+                              CUtensorMap, int);
+struct ws_row {
+    ws_kernel_fn kernel;
+    int smem; /* the ring (+ the walking form's own epilogue tile), aligned to 1024 */
+};
+template <int ROW>
+static constexpr ws_row ws_row_of() {
+    constexpr int phase = ROW & 1, ntok = (ROW >> 2) & 1 ? 128 : 64;
+    constexpr bool nvfp4 = (ROW >> 1) & 1, walk = (ROW >> 3) & 1, split_n = (ROW >> 4) & 1;
+    static_assert(ws_instance(phase, nvfp4, ntok == 128, walk, split_n) == ROW, "the row's axes");
+    if constexpr (ws_instance_built(phase, nvfp4, ntok == 128, walk, split_n))
+        return {sm90_expert_ws_kernel<phase, nvfp4, ntok, walk, split_n>, ws_smem<phase, nvfp4, ntok, walk>()};
+    else
+        return {nullptr, 0};
+}
+template <size_t... ROW>
+static constexpr std::array<ws_row, sizeof...(ROW)> ws_rows(std::index_sequence<ROW...>) {
+    return {{ws_row_of<ROW>()...}};
+}
+static const std::array<ws_row, WS_INSTANCES> ws_instances = ws_rows(std::make_index_sequence<WS_INSTANCES>());
+
 /* The token tiles' tensor map: a box is the ws kernel's token tile of one K step. */
 static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, uint64_t K, uint32_t box_rows) {
     const CUresult r = mm_tile_map_16bit(m, base, rows, K, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT16);
@@ -510,122 +525,34 @@ static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, 
     return MEGAMOE_OK;
 }
 
-template <int PH, bool NV, int NTOK, bool SPLIT>
-static megamoe_status ws_launch_one(dim3 grid, bool loop, int tiles, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                    uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int force,
-                                    cudaStream_t s) {
-    /* The token tile by TMA where the item's rows are consecutive rows of one matrix of the rank's
-     * buffer (the down projection's act; gate/up once gathered) and one rank is driven here (a map
-     * per rank would not fit one kernel parameter). */
+megamoe_status sm90_expert_ws_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
+    const mm_dev_shape &sh = a.sh;
+    const int rows = gemm_phase_rows(g.phase, sh.H, sh.I);
+    if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    const ws_row &k = ws_instances[g.instance];
+    if (!k.kernel) return sm90_expert_gemm_unbuilt(g);
+    /* The token tile by TMA (the plan's tma): down's act (every slot of the rank), or gate/up's
+     * gathered copy. */
     CUtensorMap map;
     memset(&map, 0, sizeof map);
-    const int tma = sh.local_ranks == 1 && (PH == PHASE_DOWN || sh.gathered);
-    if (tma) {
-        const uint64_t rows = (uint64_t)sh.R * sh.T_max * sh.K; /* act: every slot of the rank */
-        const megamoe_status st = PH == PHASE_DOWN ? tile_map_16bit(&map, base0 + L.act, rows, sh.I, NTOK)
-                                                   : tile_map_16bit(&map, base0 + L.xg, (uint64_t)L.xg_rows, sh.H, NTOK);
+    if (g.tma) {
+        const uint32_t ntok = g.kernel == GEMM_WS ? 128 : 64;
+        const megamoe_status st =
+            g.phase == PHASE_DOWN ? tile_map_16bit(&map, a.base0 + a.L.act, (uint64_t)sh.R * sh.T_max * sh.K, sh.I, ntok)
+                                  : tile_map_16bit(&map, a.base0 + a.L.xg, (uint64_t)a.L.xg_rows, sh.H, ntok);
         if (st != MEGAMOE_OK) return st;
     }
-    if constexpr (ws_one_item_built<PH>()) {
-        if (!loop) {
-            MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, false, SPLIT>, grid, WS_THREADS,
-                                  ws_smem<PH, NV, NTOK, false>(), s, sh, L, peers, weights, tiles, force, map, tma));
-            return MEGAMOE_OK;
-        }
-    }
-    MM_CUDA_TRY(mm_launch(sm90_expert_ws_kernel<PH, NV, NTOK, true, SPLIT>, grid, WS_THREADS,
-                          ws_smem<PH, NV, NTOK, true>(), s, sh, L, peers, weights, tiles, force, map, tma));
+    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WS_THREADS, k.smem, s, sh, a.L, a.peers, a.weights, g.tiles, g.rule,
+                          map, g.tma));
     return MEGAMOE_OK;
-}
-
-/* The kernel's forms of one phase: the plain one when `full`, the SPLIT one (where built) when
- * `split`. */
-template <int PH, bool NV, int NTOK>
-static megamoe_status ws_launch_forms(bool full, bool split, dim3 grid, bool loop, int tiles, const mm_dev_shape &sh,
-                                      const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *base0,
-                                      const mm_dev_weights *weights, int force, cudaStream_t s) {
-    megamoe_status st = MEGAMOE_OK;
-    if (full || !ws_split_built<NV, NTOK>())
-        st = ws_launch_one<PH, NV, NTOK, false>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    if constexpr (ws_split_built<NV, NTOK>())
-        if (st == MEGAMOE_OK && split)
-            st = ws_launch_one<PH, NV, NTOK, true>(grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    return st;
-}
-
-template <int NTOK>
-static megamoe_status ws_launch_ntok(int phase, bool full, bool split, dim3 grid, bool loop, int tiles,
-                                     const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                     uint8_t *base0, const mm_dev_weights *weights, int force, cudaStream_t s) {
-    if (phase == PHASE_GATE_UP)
-        return sh.nvfp4 ? ws_launch_forms<PHASE_GATE_UP, true, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                        : ws_launch_forms<PHASE_GATE_UP, false, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    return sh.nvfp4 ? ws_launch_forms<PHASE_DOWN, true, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                    : ws_launch_forms<PHASE_DOWN, false, NTOK>(full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-}
-
-megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                     uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int tiles,
-                                     int ntok, long slots, int force, cudaStream_t s) {
-    const int rows = phase == PHASE_GATE_UP ? 2 * sh.I : sh.H;
-    if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
-    /* One block per (tile, row block) of the tile bound. With NCCL that bound is sized for every
-     * rank at T_max (the host cannot know the group's count): a block per item would schedule tens
-     * of thousands of blocks of 155 KB at decode that only read the count and leave (0.5 ms per
-     * forward at EP2 DSv3 T_max 8192); the grid is then one block per SM (the largest odd count,
-     * as measured), each taking the items the device counted. On one process too for gate/up (always:
-     * ws_one_item_built) and NVFP4 down below MM_WS_DOWN_WALK_MAX_K (DECISIONS 55). */
-    int blocks = (rows / MM_WS_ROWS) * tiles;
-    const bool loop = sh.local_ranks < sh.R || phase == PHASE_GATE_UP || (sh.nvfp4 && sh.I < MM_WS_DOWN_WALK_MAX_K);
-    if (loop) {
-        int sms = 0;
-        MM_CUDA_TRY(mm_device_sms(&sms));
-        const int cap = sms > 1 ? (sms - 1) | 1 : 1;
-        if (blocks > cap) blocks = cap;
-    }
-    const dim3 grid(blocks, 1, sh.local_ranks);
-    /* Which form (ws_split_n): in one process the one the group's count plans; with NCCL, whose
-     * slots are this rank's (a lower bound of the group's), each form the group's count may plan,
-     * the kernel leaving where the other has it. */
-    const bool nccl = sh.local_ranks < sh.R;
-    const bool split = ws_split_n(slots, sh.E) != 0;
-    const bool full = nccl ? !ws_split_n((long)sh.R * sh.T_max * sh.K, sh.E) : !split;
-    const megamoe_status st =
-        ntok == 128 ? ws_launch_ntok<128>(phase, full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s)
-                    : ws_launch_ntok<64>(phase, full, split, grid, loop, tiles, sh, L, peers, base0, weights, force, s);
-    if (st != MEGAMOE_OK) return st;
-    MM_CUDA_TRY(cudaGetLastError());
-    return MEGAMOE_OK;
-}
-
-template <int PH, bool NV, int NTOK, bool SPLIT>
-static megamoe_status ws_prepare_one() {
-    const void *fs[2] = {(const void *)sm90_expert_ws_kernel<PH, NV, NTOK, true, SPLIT>, nullptr};
-    const int smem[2] = {ws_smem<PH, NV, NTOK, true>(), ws_smem<PH, NV, NTOK, false>()};
-    if constexpr (ws_one_item_built<PH>()) fs[1] = (const void *)sm90_expert_ws_kernel<PH, NV, NTOK, false, SPLIT>;
-    for (int i = 0; i < 2 && fs[i]; i++) {
-        const void *f = fs[i];
-        MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem[i]));
-        MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    }
-    return MEGAMOE_OK;
-}
-
-template <int NTOK>
-static megamoe_status ws_prepare_ntok() {
-    megamoe_status st = ws_prepare_one<PHASE_GATE_UP, true, NTOK, false>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, false, NTOK, false>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK, false>();
-    if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, false, NTOK, false>();
-    if constexpr (ws_split_built<true, NTOK>()) {
-        if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_GATE_UP, true, NTOK, true>();
-        if (st == MEGAMOE_OK) st = ws_prepare_one<PHASE_DOWN, true, NTOK, true>();
-    }
-    return st;
 }
 
 megamoe_status sm90_expert_ws_prepare() {
-    megamoe_status st = ws_prepare_ntok<128>();
-    if (st == MEGAMOE_OK) st = ws_prepare_ntok<64>();
-    return st;
+    for (const ws_row &k : ws_instances) {
+        if (!k.kernel) continue;
+        MM_CUDA_TRY(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+        MM_CUDA_TRY(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared));
+    }
+    return MEGAMOE_OK;
 }

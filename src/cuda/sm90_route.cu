@@ -327,13 +327,10 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
             *(int32_t *)(b + L.num_tiles) = tile_total;
         }
     }
-    for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
-        ((int32_t *)(b + L.tile_expert))[tile_before + i] = e;
-        ((int32_t *)(b + L.tile_start))[tile_before + i] = i * MM_TILE_TOKENS;
-        ((int2 *)(b + L.tile_rows))[tile_before + i] =
-            make_int2(slot_before + i * MM_TILE_TOKENS, min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
-    }
-    if (order) { /* this expert's tiles' places in the rank's tile order (sm90_route_orders_tiles) */
+    for (int i = threadIdx.x; i < tiles; i += blockDim.x)
+        route_tile_table(L, b).store(tile_before + i, e, i * MM_TILE_TOKENS, slot_before + i * MM_TILE_TOKENS,
+                                     min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
+    if (order) { /* this expert's tiles' places in the rank's tile order (plan_route_orders_tiles) */
         int32_t *ord = (int32_t *)(b + L.tile_order);
         for (int i = 0; i < tiles; i++) { /* tiles is the block's: every thread takes each turn */
             const int c = min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS);
@@ -349,9 +346,6 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
 
 int sm90_route_plan(const mm_dev_shape &sh, long total_tokens) {
     return plan_route(sh.local_ranks == sh.R, sh.R, total_tokens, sh.K, sh.E_r, sh.H);
-}
-bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
-    return plan_route_orders_tiles(sm90_route_plan(sh, total_slots / sh.K), sh.nvfp4, total_slots, sh.E);
 }
 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,

@@ -36,8 +36,8 @@ extern "C" megamoe_status mm_nccl_group_init(megamoe_group *g) {
     ncclResult_t r = ncclCommCount(comm_of(g), &R);
     if (r == ncclSuccess) r = ncclCommUserRank(comm_of(g), &rank);
     if (r != ncclSuccess) return nccl_fail(g, r, "ncclCommCount/ncclCommUserRank");
-    if (R < 1 || R > 72) {
-        mm_set_error(g->error, "the communicator has R=%d ranks; 1..72 are supported", R);
+    if (R < 1 || R > MM_MAX_RANKS) {
+        mm_set_error(g->error, "the communicator has R=%d ranks; 1..%d are supported", R, MM_MAX_RANKS);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     const ncclTeam_t lsa = ncclTeamLsa(comm_of(g));

@@ -24,7 +24,6 @@
 #define GROUPS_PER_WARP 2       /* 16-row groups per warp: 32 rows, one NVFP4 block of gate/up  */
 #define A_SLOT 576              /* one 16-row group's K step: 32 lanes x 16 B codes + 8 x 8 B scales */
 
-enum { PHASE_GATE_UP = 0, PHASE_DOWN = 1 };
 
 /* BF16 gate/up: each 64-wide K step's tensor-core sums go into a fresh accumulator, added into the
  * running f32 sums with a round-to-nearest FADD, instead of one tensor-core chain over all of H. The
@@ -199,6 +198,20 @@ __device__ inline long global_slots(const mm_dev_shape &sh, const mm_buffer_layo
     long t = 0;
     for (int p = 0; p < sh.R; p++) t += *(const int32_t *)(peers[p] + L.num_tokens);
     return t * sh.K;
+}
+
+/* plan_gemm_phase on the device, at the group's count (with NCCL only the device knows it; the host
+ * launched every kernel that count may choose): the kernel gemm_choice names and the mma.sync
+ * kernel's plan. Every GEMM kernel's blocks leave unless it names their family. The rules read the
+ * shape's fields from sh where they use them: passed by value, they would be loaded up front, which
+ * changes the kernels' code. */
+template <int PHASE, bool NVFP4>
+__device__ __forceinline__ gemm_phase_choice gemm_device_choice(gemm_rule rule, const mm_dev_shape &sh, long slots,
+                                                                int nkc) {
+    gemm_phase_choice c;
+    c.mma = plan_splitk(slots, sh.E, PHASE == PHASE_GATE_UP ? 2 * sh.I / MM_MMA_ROWS : sh.H / MM_MMA_ROWS, nkc);
+    c.kernel = gemm_choice(rule.override_kernel, slots, sh.E, c.mma.splits, NVFP4, min(sh.H, sh.I));
+    return c;
 }
 
 #endif /* MEGAMOE_GEMM_FRAGMENTS_CUH */
