@@ -120,219 +120,211 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
     return it;
 }
 
-/* One block per item (LOOP false): blockIdx.x is the item of the launch's tile bound, in ws_decode's
- * order (the host knows the count, so the bound is tight). The walking grid (LOOP true): one block
- * per SM, each taking the rank's next non-empty item from a counter (the hardware's dynamic order
- * kept: the items in flight stay consecutive, no block idles with items left). Under NCCL, where
- * the host knows only a bound for every rank at T_max, and on one process for gate/up and, below
- * MM_WS_DOWN_WALK_MAX_K, NVFP4 down, where the epilogue (staged in a tile of its own) then overlaps
- * the next item's fill (DECISIONS). Over a block's items the ring's stages run on (the block's step,
- * not the item's, picks the stage and the phase); the item number, column codes and scales are
- * double-buffered, the producer writing an item's buffer once the consumers' epilogue of the item
- * two before has let it go (colfree). Blocks never wait for each other. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
-__global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                       uint8_t *const *peers,
-                                                                       const mm_dev_weights *weights, int tiles,
-                                                                       gemm_rule rule,
-                                                                       const __grid_constant__ CUtensorMap tok_map,
-                                                                       int tok_tma) {
-    using C = ws_cfg<NVFP4, NTOK>;
-    constexpr int NBUF = LOOP ? 2 : 1;
-    mm_wait_previous();
-    extern __shared__ uint8_t ws_smem_raw[];
-    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages], colfree[NBUF];
-    __shared__ int col_code[NBUF][NTOK];
-    __shared__ float col_scale[NBUF][NTOK];
-    __shared__ int item_id[NBUF]; /* LOOP: the block's items in turn, taken from the rank's counter */
+/* The kernel in parts: column fill, producer (next item, one item's copies), consumer (next item, one
+ * K step, one item) and epilogue, each run as the kernel's own code. Each part takes the kernel's
+ * variables it reads (and the ring position and item count it advances) by reference, as a lambda of
+ * the kernel would. NOTE: the fields are in the order the kernel's lambdas captured them (their first
+ * use), which keeps the promotion order of the loop-carried values, and with it every instruction of
+ * the 15 instances, what it was when the parts were lambdas of one 360-line kernel (dev/sass_diff.sh);
+ * another order is as correct. */
 
-    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
-    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
-    const int me = sh.first_rank + (int)blockIdx.z;
-    uint8_t *mine = peers[me];
-    /* Gate/up: this rank's gathered copy (then the token tile by TMA where the host made the map). */
-    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
-    const bool tma = tok_tma && (PHASE == PHASE_DOWN || gth);
-    const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
-    const int ntiles = min(tiles, num_tiles), nitems = nrb * ntiles;
-    ws_item only = {0, 0, 0, 0}; /* LOOP false: the block's item */
-    if constexpr (!LOOP) {
-        only = ws_decode<NTOK>(L, mine, (int)blockIdx.x, nrb, tiles, num_tiles);
-        if (only.ncols == 0) return;
-    }
-    const long slots = global_slots(sh, L, peers);
-    if (gemm_device_choice<PHASE, NVFP4>(rule, sh, slots, nkc).kernel != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
-        return; /* another kernel has it */
-    if (NVFP4 && NTOK == 128 && (ws_split_n(slots, sh.E) != 0) != SPLIT) return; /* the other form has it */
-
-    uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
-    const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-    /* Column i of item it (i < NTOK) into buffer buf: its slot code and, NVFP4 gate/up, its token's
-     * activation scale. LOOP: the producer writes each item's; else the block's only item, here. */
-    auto fill_column = [&](const ws_item &it, int i, int buf) {
+/* Column i of item it (i < NTOK) into buffer buf: its slot code and, NVFP4 gate/up, its token's
+ * activation scale. LOOP: the producer writes each item's; else the block's only item, the kernel. */
+template <int PHASE, bool NVFP4, int NTOK, int NBUF>
+struct ws_fill_column {
+    int (&col_code)[NBUF][NTOK];
+    const mm_dev_shape &sh;
+    const mm_buffer_layout &L;
+    uint8_t *const *const &peers;
+    uint8_t *const &mine;
+    const bool &gth;
+    const int &me;
+    float (&col_scale)[NBUF][NTOK];
+    __device__ void operator()(const ws_item &it, int i, int buf) const {
         slot_info si;
         col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, gth, me, it.first, it.ncols, i, &si, &col_scale[buf][i]);
-    };
-    if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
-    if (tid == 0) {
-        for (int s = 0; s < C::stages; s++) {
-            mm_mbar_init(&full[s], 128 + 1); /* every producer thread, and thread 0's expect_tx */
-            mm_mbar_init(&empty[s], 8);      /* one arrival per consumer warp */
-        }
-        for (int b = 0; b < NBUF; b++) mm_mbar_init(&colfree[b], 8);
-        mm_mbar_init_fence();
     }
-    __syncthreads();
-    const mm_dev_weights W = weights[blockIdx.z];
-    int n = 0; /* items of this block so far (LOOP) */
-    /* LOOP: the blocks take the rank's items in order from a counter (an atomic per item, so the
-     * items in flight stay consecutive and no block waits with work left); the last block to find
-     * none left resets it and its companion for the next launch. */
-    int *const next_item = (int *)(mine + L.splitk_counters) + MM_WS_COUNTERS, *const finished = next_item + 1;
-    /* Runs role(item) over the block's non-empty items, counting them; next() gives each in turn,
-     * ncols 0 at the end. */
-    auto walk = [&](auto &&next, auto &&role) {
-        if constexpr (LOOP) {
-            for (;;) {
-                const ws_item it = next();
-                if (it.ncols == 0) break;
-                role(it);
-                n++;
-            }
-        } else {
-            role(only);
-        }
-    };
+};
 
-    if (wg == 0) { /* producer */
-        mm_setmaxnreg_dec<WS_PRODUCER_REGS>();
-        const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
-        const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
-        const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
-        ws_ring_pos<C::stages> pos; /* runs on across the block's items */
-        /* LOOP: thread 0 takes the next non-empty item for buffer n & 1 once the consumers let the
-         * buffer go; at the end the ring's next stage completes with no bytes (item -1), which is
-         * how the consumers learn it. */
-        auto next = [&]() -> ws_item {
-            const int buf = n & 1;
-            if (n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
+/* ---- producer: thread 0 bulk-copies the weights (and the TMA token tile), thread t token t's row ---- */
+
+/* LOOP: thread 0 takes the next non-empty item for buffer n & 1 once the consumers let the buffer
+ * go; at the end the ring's next stage completes with no bytes (item -1), which is how the consumers
+ * learn it. */
+template <int NTOK, int STAGES, int NBUF>
+struct ws_producer_next {
+    const int &n;
+    uint64_t (&colfree)[NBUF];
+    const int &t;
+    int *const &next_item;
+    const int &nitems;
+    const mm_buffer_layout &L;
+    uint8_t *const &mine;
+    const int &nrb, &ntiles;
+    int (&item_id)[NBUF];
+    ws_ring_pos<STAGES> &pos;
+    uint64_t (&empty)[STAGES];
+    uint64_t (&full)[STAGES];
+    int *const &finished;
+    __device__ ws_item operator()() const {
+        const int buf = n & 1;
+        if (n >= 2) mm_mbar_wait_parity(&colfree[buf], ((n >> 1) - 1) & 1);
+        if (t == 0) {
+            int id;
+            ws_item it;
+            do {
+                id = atomicAdd(next_item, 1);
+                it = id < nitems ? ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles) : ws_item{0, 0, 0, 0};
+            } while (id < nitems && it.ncols == 0);
+            item_id[buf] = id < nitems ? id : -1;
+        }
+        mm_bar_sync<2, 128>();
+        const int id = item_id[buf];
+        if (id >= 0) return ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles);
+        if (pos.lapped) mm_mbar_wait_parity(&empty[pos.s], pos.ph ^ 1u);
+        if (t == 0) {
+            mm_mbar_arrive(&full[pos.s]); /* in place of the expect_tx */
+            /* Every block's last add on next_item returned (its value ended the loop) before
+             * its add on finished was issued, so the reset follows every add of this launch;
+             * the next kernel on these counters reads them after griddepcontrol.wait (this
+             * grid complete). */
+            if (atomicAdd(finished, 1) == (int)gridDim.x - 1) {
+                atomicExch(next_item, 0);
+                atomicExch(finished, 0);
+            }
+        }
+        mm_mbar_arrive(&full[pos.s]);
+        return ws_item{0, 0, 0, 0};
+    }
+};
+
+/* One item's K steps into the ring: each stage's two slabs of weights (and the token tile by TMA)
+ * by thread 0's bulk copies, or token t's row by thread t's cp.async, signalled WS_LAG steps later. */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
+struct ws_producer_item {
+    using C = ws_cfg<NVFP4, NTOK>;
+    static constexpr int NBUF = LOOP ? 2 : 1;
+    const int &n, &t;
+    const ws_fill_column<PHASE, NVFP4, NTOK, NBUF> &fill_column;
+    const bool &tma;
+    int (&col_code)[NBUF][NTOK];
+    uint8_t *const &mine;
+    const mm_buffer_layout &L;
+    const mm_dev_shape &sh;
+    const bool &gth;
+    const int &me;
+    uint8_t *const *const &peers;
+    const int &rows_total, &nkc;
+    ws_ring_pos<C::stages> &pos; /* runs on across the block's items */
+    uint64_t (&empty)[C::stages];
+    uint8_t *const &smem;
+    uint64_t (&full)[C::stages];
+    const CUtensorMap &tok_map;
+    const uint8_t *const &wsrc0, *const &wsf0, *const &wbf0; /* the phase's codes and scales | bf16 weights */
+    __device__ void operator()(const ws_item &it) const {
+        const int buf = LOOP ? n & 1 : 0;
+        /* LOOP: the item's columns; the consumers read them after their wait on the stages'
+         * `full`, on which every producer thread arrives after these stores. */
+        if (LOOP && t < NTOK) fill_column(it, t, buf);
+        const int code = t < NTOK && !tma ? col_code[buf][t] : -1;
+        const uint16_t *row = NULL;
+        if (code >= 0) {
+            if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
+            else {
+                const slot_info si = gate_up_source(sh, gth, me, code, it.first + t);
+                row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L, gth)) + (size_t)si.token * sh.H;
+            }
+        }
+        /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
+         * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
+        const int src_bytes = row ? 16 : 0;
+        if (!row) row = (const uint16_t *)(mine + L.slots);
+        /* The item's two slabs, as slab indices of the whole weight matrix (all experts). */
+        const long slab0 = (long)it.e * (rows_total / 128) + 2 * it.rb;
+        for (int kc = 0; kc < nkc; kc++) {
+            /* One item (LOOP false): the step is kc, and the compiler does better with it. */
+            const int s = LOOP ? pos.s : kc % C::stages;
+            if (LOOP ? pos.lapped : kc >= C::stages) /* its use before released */
+                mm_mbar_wait_parity(&empty[s], LOOP ? pos.ph ^ 1u : ((kc / C::stages) - 1) & 1);
+            uint8_t *st = smem + s * C::stage_bytes;
             if (t == 0) {
-                int id;
-                ws_item it;
-                do {
-                    id = atomicAdd(next_item, 1);
-                    it = id < nitems ? ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles) : ws_item{0, 0, 0, 0};
-                } while (id < nitems && it.ncols == 0);
-                item_id[buf] = id < nitems ? id : -1;
-            }
-            mm_bar_sync<2, 128>();
-            const int id = item_id[buf];
-            if (id >= 0) return ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles);
-            if (pos.lapped) mm_mbar_wait_parity(&empty[pos.s], pos.ph ^ 1u);
-            if (t == 0) {
-                mm_mbar_arrive(&full[pos.s]); /* in place of the expect_tx */
-                /* Every block's last add on next_item returned (its value ended the loop) before
-                 * its add on finished was issued, so the reset follows every add of this launch;
-                 * the next kernel on these counters reads them after griddepcontrol.wait (this
-                 * grid complete). */
-                if (atomicAdd(finished, 1) == (int)gridDim.x - 1) {
-                    atomicExch(next_item, 0);
-                    atomicExch(finished, 0);
-                }
-            }
-            mm_mbar_arrive(&full[pos.s]);
-            return ws_item{0, 0, 0, 0};
-        };
-        walk(next, [&](const ws_item &it) {
-            const int buf = LOOP ? n & 1 : 0;
-            /* LOOP: the item's columns; the consumers read them after their wait on the stages'
-             * `full`, on which every producer thread arrives after these stores. */
-            if (LOOP && t < NTOK) fill_column(it, t, buf);
-            const int code = t < NTOK && !tma ? col_code[buf][t] : -1;
-            const uint16_t *row = NULL;
-            if (code >= 0) {
-                if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
-                else {
-                    const slot_info si = gate_up_source(sh, gth, me, code, it.first + t);
-                    row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L, gth)) + (size_t)si.token * sh.H;
-                }
-            }
-            /* Token t's row: 128 bytes per K step at t * 128 of the stage, 16-byte chunk j at (j ^ (t & 7))
-             * (the 128-byte swizzle). A token past the item copies zeros (src size 0) from a valid address. */
-            const int src_bytes = row ? 16 : 0;
-            if (!row) row = (const uint16_t *)(mine + L.slots);
-            /* The item's two slabs, as slab indices of the whole weight matrix (all experts). */
-            const long slab0 = (long)it.e * (rows_total / 128) + 2 * it.rb;
-            for (int kc = 0; kc < nkc; kc++) {
-                /* One item (LOOP false): the step is kc, and the compiler does better with it. */
-                const int s = LOOP ? pos.s : kc % C::stages;
-                if (LOOP ? pos.lapped : kc >= C::stages) /* its use before released */
-                    mm_mbar_wait_parity(&empty[s], LOOP ? pos.ph ^ 1u : ((kc / C::stages) - 1) & 1);
-                uint8_t *st = smem + s * C::stage_bytes;
-                if (t == 0) {
-                    mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes + (tma ? C::tok_bytes : 0));
-                    /* Rows past the item (the next expert's, or past the matrix: zeros) fill columns
-                     * the epilogue never stores; a wgmma column does not mix with the others. */
-                    if (tma) mm_tma_load_2d(st, &tok_map, kc * BK, it.first, &full[s]);
+                mm_mbar_expect_tx(&full[s], 2 * C::slab_bytes + (tma ? C::tok_bytes : 0));
+                /* Rows past the item (the next expert's, or past the matrix: zeros) fill columns
+                 * the epilogue never stores; a wgmma column does not mix with the others. */
+                if (tma) mm_tma_load_2d(st, &tok_map, kc * BK, it.first, &full[s]);
 #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
-                        uint8_t *dst = st + C::tok_bytes + j * C::slab_bytes;
-                        if (NVFP4) {
-                            mm_bulk_copy(dst, wsrc0 + unit * 512, 4096, &full[s]);
-                            mm_bulk_copy(dst + 4096, wsf0 + unit * 64, 512, &full[s]);
-                        } else {
-                            mm_bulk_copy(dst, wbf0 + unit * 2048, 16384, &full[s]);
-                        }
+                for (int j = 0; j < 2; j++) {
+                    const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
+                    uint8_t *dst = st + C::tok_bytes + j * C::slab_bytes;
+                    if (NVFP4) {
+                        mm_bulk_copy(dst, wsrc0 + unit * 512, 4096, &full[s]);
+                        mm_bulk_copy(dst + 4096, wsf0 + unit * 64, 512, &full[s]);
+                    } else {
+                        mm_bulk_copy(dst, wbf0 + unit * 2048, 16384, &full[s]);
                     }
                 }
-                if (tma) { /* every producer thread arrives, as with copies of its own */
-                    mm_mbar_arrive(&full[s]);
-                    if (LOOP) pos.next();
-                    continue;
-                }
-                const uint32_t dst = mm_smem_u32(st) + t * 128;
-                const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
-                if (t < NTOK) /* NTOK 64: threads 64..127 copy nothing but signal like the others */
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        cp_async16_zfill(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
-                cp_async_commit();
-                if (kc >= WS_LAG) {
-                    cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
-                    mm_fence_proxy_async();
-                    mm_mbar_arrive(&full[LOOP ? pos.back(WS_LAG) : (kc - WS_LAG) % C::stages]);
-                }
-                if (LOOP) pos.next();
             }
-            if (tma) return;
-            cp_async_wait<0>();
-            mm_fence_proxy_async();
-            for (int d = min(WS_LAG, nkc); d >= 1; d--) /* steps nkc - d */
-                mm_mbar_arrive(&full[LOOP ? pos.back(d) : (nkc - d) % C::stages]);
-        });
-        return;
+            if (tma) { /* every producer thread arrives, as with copies of its own */
+                mm_mbar_arrive(&full[s]);
+                if (LOOP) pos.next();
+                continue;
+            }
+            const uint32_t dst = mm_smem_u32(st) + t * 128;
+            const uint16_t *src = row + (src_bytes ? (size_t)kc * BK : 0);
+            if (t < NTOK) /* NTOK 64: threads 64..127 copy nothing but signal like the others */
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    cp_async16_zfill(dst + ((j ^ (t & 7)) << 4), src + (src_bytes ? 8 * j : 0), src_bytes);
+            cp_async_commit();
+            if (kc >= WS_LAG) {
+                cp_async_wait<WS_LAG>(); /* this thread's copies of step kc - WS_LAG landed */
+                mm_fence_proxy_async();
+                mm_mbar_arrive(&full[LOOP ? pos.back(WS_LAG) : (kc - WS_LAG) % C::stages]);
+            }
+            if (LOOP) pos.next();
+        }
+        if (tma) return;
+        cp_async_wait<0>();
+        mm_fence_proxy_async();
+        for (int d = min(WS_LAG, nkc); d >= 1; d--) /* steps nkc - d */
+            mm_mbar_arrive(&full[LOOP ? pos.back(d) : (nkc - d) % C::stages]);
     }
+};
 
-    mm_setmaxnreg_inc<WS_CONSUMER_REGS>();
-    const int c = wg - 1, w = t >> 5, lane = t & 31;
-    float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
-    /* BF16 gate/up (bf16_promote): the four k16 steps of a group and all NTOK tokens go into part
-     * (m64nNTOK), added into acc in f32 once they retired; the two groups in turn (two waits per K
-     * step), the other consumer warpgroup keeping the tensor cores busy meanwhile. A part of both
-     * groups does not fit the registers at NTOK 128, nor do two parts in flight (144 B of spills in
-     * the K loop); one of 128 tokens does, acc starting at zero per item (ptxas stack 0). */
-    constexpr bool promote = bf16_promote<PHASE, NVFP4>();
-    float part[promote ? NTOK / 2 : 1];
-    ws_ring_pos<C::stages> pos; /* runs on across the block's items */
-    bool past64 = true, past96 = true; /* SPLIT: the item has tokens past 64 / 96 (warp-uniform) */
-    /* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
-    auto next = [&]() -> ws_item {
+/* ---- consumers: two warpgroups, a slab each, the wgmma over each stage's token tile ------------ */
+
+/* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
+template <int NTOK, int STAGES, int NBUF>
+struct ws_consumer_next {
+    uint64_t (&full)[STAGES];
+    ws_ring_pos<STAGES> &pos;
+    int (&item_id)[NBUF];
+    const int &n;
+    const mm_buffer_layout &L;
+    uint8_t *const &mine;
+    const int &nrb, &ntiles;
+    __device__ ws_item operator()() const {
         mm_mbar_wait_parity(&full[pos.s], pos.ph);
         const int id = item_id[n & 1];
         return id >= 0 ? ws_decode<NTOK>(L, mine, id, nrb, ntiles, ntiles) : ws_item{0, 0, 0, 0};
-    };
-    auto kstep = [&](int kc, a_regs &a, a_regs &prev) {
+    }
+};
+
+/* K step kc of consumer c: the stage's weights as A (NVFP4: decoded into registers a; BF16: read
+ * by descriptor), the wgmma over its token tile; step kc - 1's registers (prev) and stage released. */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
+struct ws_consumer_kstep {
+    using C = ws_cfg<NVFP4, NTOK>;
+    static constexpr bool promote = bf16_promote<PHASE, NVFP4>();
+    ws_ring_pos<C::stages> &pos; /* runs on across the block's items */
+    uint64_t (&full)[C::stages];
+    uint8_t *const &smem;
+    const int &c, &w, &lane; /* the consumer (slab), the warp in it, the lane */
+    float (&acc)[GROUPS_PER_WARP][NTOK / 2];
+    const bool &past64, &past96; /* SPLIT: the item has tokens past 64 / 96 (warp-uniform) */
+    float (&part)[promote ? NTOK / 2 : 1];
+    uint64_t (&empty)[C::stages];
+    __device__ void operator()(int kc, a_regs &a, a_regs &prev) const {
         const int s = LOOP ? pos.s : kc % C::stages;
         mm_mbar_wait_parity(&full[s], LOOP ? pos.ph : (kc / C::stages) & 1);
         const uint8_t *st = smem + s * C::stage_bytes, *slab = st + C::tok_bytes + c * C::slab_bytes;
@@ -398,8 +390,88 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         if constexpr (NVFP4) keep_alive(prev);
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[LOOP ? pos.back(1) : (kc - 1) % C::stages]);
         if (LOOP) pos.next();
-    };
-    walk(next, [&](const ws_item &it) {
+    }
+};
+
+/* ---- epilogue: an item's accumulators out, staged in shared memory where there is room --------- */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
+__device__ __forceinline__ void ws_epilogue(const float (&acc)[GROUPS_PER_WARP][NTOK / 2], const mm_dev_shape &sh,
+                                            const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
+                                            const mm_dev_weights &W, const ws_item &it, int wgroup, int *col_code,
+                                            float *col_scale, int lane, uint8_t *smem, int c, int t) {
+    using C = ws_cfg<NVFP4, NTOK>;
+    if constexpr (!LOOP) {
+        /* The block's only item: the producer issued nothing past it, so every stage has landed
+         * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
+         * threads), been read. Not with LOOP: its producer fills the ring with the next item's
+         * steps during the epilogue. */
+        static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
+        static_assert(PHASE == PHASE_DOWN, "one item per block: down only (ws_instance_built)");
+        staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup,
+                                                       col_code, col_scale, lane, smem, it.rb, c * 128 + t,
+                                                       [] { mm_bar_sync<1, 256>(); });
+        return;
+    }
+    uint8_t *const tile = smem + C::stages * C::stage_bytes;
+    if constexpr (ws_own_tile<PHASE, NVFP4, LOOP>() && PHASE == PHASE_GATE_UP && NVFP4) {
+        /* W4A16: the unrolled loop (the compact one is slower there); NVFP4 activations: the
+         * compact one (their quantization unrolled does not fit beside the walk's state). */
+        if (sh.bf16_act)
+            staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup,
+                                                           col_code, col_scale, lane, tile, it.rb, c * 128 + t,
+                                                           [] { mm_bar_sync<1, 256>(); });
+        else
+            staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup,
+                                                          col_code, col_scale, lane, tile, it.rb, c * 128 + t,
+                                                          [] { mm_bar_sync<1, 256>(); });
+    } else if (ws_own_tile<PHASE, NVFP4, LOOP>() && (PHASE == PHASE_GATE_UP || sh.local_ranks == sh.R)) {
+        /* 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL down's
+         * p rows go to other GPUs: scattered stores there, as before (bulk stores to a peer's
+         * memory not yet tried). */
+#pragma unroll
+        for (int h = 0; h < NTOK / 64; h++) {
+            if (64 * h >= it.ncols) break; /* uniform over the block */
+            float pass[GROUPS_PER_WARP][32];
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+                for (int i = 0; i < 32; i++) pass[q][i] = acc[q][32 * h + i];
+            staged_epilogue<PHASE, NVFP4, 8, false>(pass, sh, L, peers, mine, W, it.e, it.first + 64 * h,
+                                                    min(64, it.ncols - 64 * h), wgroup, col_code + 64 * h,
+                                                    col_scale + 64 * h, lane, tile, it.rb, c * 128 + t,
+                                                    [] { mm_bar_sync<1, 256>(); });
+        }
+    } else
+        gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
+                                              wgroup, col_code, col_scale, lane);
+}
+
+/* One item of consumer c: its K steps into the accumulators, two A register sets in turn, then
+ * the epilogue and (LOOP) the item's columns let go. */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
+struct ws_consumer_item {
+    using C = ws_cfg<NVFP4, NTOK>;
+    static constexpr int NBUF = LOOP ? 2 : 1;
+    static constexpr bool promote = bf16_promote<PHASE, NVFP4>();
+    float (&acc)[GROUPS_PER_WARP][NTOK / 2];
+    bool &past64, &past96;
+    const int &nkc;
+    const ws_consumer_kstep<PHASE, NVFP4, NTOK, LOOP, SPLIT> &kstep;
+    const int &lane;
+    uint64_t (&empty)[C::stages];
+    ws_ring_pos<C::stages> &pos;
+    const int &n, &c, &w;
+    const mm_dev_shape &sh;
+    const mm_buffer_layout &L;
+    uint8_t *const *const &peers;
+    uint8_t *const &mine;
+    const mm_dev_weights &W;
+    int (&col_code)[NBUF][NTOK];
+    float (&col_scale)[NBUF][NTOK];
+    uint8_t *const &smem;
+    const int &t;
+    uint64_t (&colfree)[NBUF];
+    __device__ void operator()(const ws_item &it) const {
         /* nkc is even (H and I are multiples of 256; the launcher checks). */
         a_regs a0, a1;
         /* LOOP: zeroed per item as well, so the accumulators are dead once the compact epilogue has
@@ -440,55 +512,128 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         }
         if (LOOP && lane == 0) mm_mbar_arrive(&empty[pos.back(1)]); /* the last step's stage */
         const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
-        if constexpr (!LOOP) {
-            /* The block's only item: the producer issued nothing past it, so every stage has landed
-             * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
-             * threads), been read. Not with LOOP: its producer fills the ring with the next item's
-             * steps during the epilogue. */
-            static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
-            static_assert(ws_instance_built(PHASE, NVFP4, NTOK == 128, LOOP, SPLIT), "gate/up walks");
-            staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(
-                acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup, col_code[0], col_scale[0], lane, smem,
-                it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
-            return;
-        }
-        uint8_t *const tile = smem + C::stages * C::stage_bytes;
-        if constexpr (ws_own_tile<PHASE, NVFP4, LOOP>() && PHASE == PHASE_GATE_UP && NVFP4) {
-            /* W4A16: the unrolled loop (the compact one is slower there); NVFP4 activations: the
-             * compact one (their quantization unrolled does not fit beside the walk's state). */
-            if (sh.bf16_act)
-                staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
-                                                               wgroup, col_code[buf], col_scale[buf], lane, tile,
-                                                               it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
-            else
-                staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
-                                                              wgroup, col_code[buf], col_scale[buf], lane, tile,
-                                                              it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
-        } else if (ws_own_tile<PHASE, NVFP4, LOOP>() && (PHASE == PHASE_GATE_UP || sh.local_ranks == sh.R)) {
-            /* 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL down's
-             * p rows go to other GPUs: scattered stores there, as before (bulk stores to a peer's
-             * memory not yet tried). */
-#pragma unroll
-            for (int h = 0; h < NTOK / 64; h++) {
-                if (64 * h >= it.ncols) break; /* uniform over the block */
-                float pass[GROUPS_PER_WARP][32];
-#pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                    for (int i = 0; i < 32; i++) pass[q][i] = acc[q][32 * h + i];
-                staged_epilogue<PHASE, NVFP4, 8, false>(pass, sh, L, peers, mine, W, it.e, it.first + 64 * h,
-                                                        min(64, it.ncols - 64 * h), wgroup, col_code[buf] + 64 * h,
-                                                        col_scale[buf] + 64 * h, lane, tile, it.rb, c * 128 + t,
-                                                        [] { mm_bar_sync<1, 256>(); });
-            }
-        } else
-            gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
-                                                  (it.ncols + 7) / 8, wgroup, col_code[buf], col_scale[buf], lane);
+        ws_epilogue<PHASE, NVFP4, NTOK, LOOP>(acc, sh, L, peers, mine, W, it, wgroup, col_code[buf], col_scale[buf], lane,
+                                              smem, c, t);
         if (LOOP) {
             __syncwarp();
             if (lane == 0) mm_mbar_arrive(&colfree[buf]);
         }
-    });
+    }
+};
+
+/* One block per item (LOOP false): blockIdx.x is the item of the launch's tile bound, in ws_decode's
+ * order (the host knows the count, so the bound is tight). The walking grid (LOOP true): one block
+ * per SM, each taking the rank's next non-empty item from a counter (the hardware's dynamic order
+ * kept: the items in flight stay consecutive, no block idles with items left). Under NCCL, where
+ * the host knows only a bound for every rank at T_max, and on one process for gate/up and, below
+ * MM_WS_DOWN_WALK_MAX_K, NVFP4 down, where the epilogue (staged in a tile of its own) then overlaps
+ * the next item's fill (gemm_plan.h ws_walks). Over a block's items the ring's stages run on (the
+ * block's step, not the item's, picks the stage and the phase); the item number, column codes and
+ * scales are double-buffered, the producer writing an item's buffer once the consumers' epilogue of
+ * the item two before has let it go (colfree). Blocks never wait for each other. */
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
+__global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
+                                                                       uint8_t *const *peers,
+                                                                       const mm_dev_weights *weights, int tiles,
+                                                                       gemm_rule rule,
+                                                                       const __grid_constant__ CUtensorMap tok_map,
+                                                                       int tok_tma) {
+    using C = ws_cfg<NVFP4, NTOK>;
+    constexpr int NBUF = LOOP ? 2 : 1;
+    mm_wait_previous();
+    extern __shared__ uint8_t ws_smem_raw[];
+    __shared__ __align__(8) uint64_t full[C::stages], empty[C::stages], colfree[NBUF];
+    __shared__ int col_code[NBUF][NTOK];
+    __shared__ float col_scale[NBUF][NTOK];
+    __shared__ int item_id[NBUF]; /* LOOP: the block's items in turn, taken from the rank's counter */
+
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, nrb = rows_total / MM_WS_ROWS;
+    const int me = sh.first_rank + (int)blockIdx.z;
+    uint8_t *mine = peers[me];
+    /* Gate/up: this rank's gathered copy (then the token tile by TMA where the host made the map). */
+    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+    const bool tma = tok_tma && (PHASE == PHASE_DOWN || gth);
+    const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
+    const int ntiles = min(tiles, num_tiles), nitems = nrb * ntiles;
+    ws_item only = {0, 0, 0, 0}; /* LOOP false: the block's item */
+    if constexpr (!LOOP) {
+        only = ws_decode<NTOK>(L, mine, (int)blockIdx.x, nrb, tiles, num_tiles);
+        if (only.ncols == 0) return;
+    }
+    const long slots = global_slots(sh, L, peers);
+    if (gemm_device_choice<PHASE, NVFP4>(rule, sh, slots, nkc).kernel != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
+        return; /* another kernel has it */
+    if (NVFP4 && NTOK == 128 && (ws_split_n(slots, sh.E) != 0) != SPLIT) return; /* the other form has it */
+
+    uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
+    const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+    const ws_fill_column<PHASE, NVFP4, NTOK, NBUF> fill_column = {col_code, sh, L, peers, mine, gth, me, col_scale};
+    if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
+    if (tid == 0) {
+        for (int s = 0; s < C::stages; s++) {
+            mm_mbar_init(&full[s], 128 + 1); /* every producer thread, and thread 0's expect_tx */
+            mm_mbar_init(&empty[s], 8);      /* one arrival per consumer warp */
+        }
+        for (int b = 0; b < NBUF; b++) mm_mbar_init(&colfree[b], 8);
+        mm_mbar_init_fence();
+    }
+    __syncthreads();
+    const mm_dev_weights W = weights[blockIdx.z];
+    int n = 0; /* items of this block so far (LOOP) */
+    /* LOOP: the blocks take the rank's items in order from a counter (an atomic per item, so the
+     * items in flight stay consecutive and no block waits with work left); the last block to find
+     * none left resets it and its companion for the next launch. */
+    int *const next_item = (int *)(mine + L.splitk_counters) + MM_WS_COUNTERS, *const finished = next_item + 1;
+    /* Runs role(item) over the block's non-empty items, counting them; next() gives each in turn,
+     * ncols 0 at the end. */
+    auto walk = [&](auto &&next, auto &&role) {
+        if constexpr (LOOP) {
+            for (;;) {
+                const ws_item it = next();
+                if (it.ncols == 0) break;
+                role(it);
+                n++;
+            }
+        } else {
+            role(only);
+        }
+    };
+
+    if (wg == 0) { /* producer */
+        mm_setmaxnreg_dec<WS_PRODUCER_REGS>();
+        const uint8_t *wsrc0 = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
+        const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
+        const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
+        ws_ring_pos<C::stages> pos; /* runs on across the block's items */
+        const ws_producer_next<NTOK, C::stages, NBUF> next = {n,  colfree, t,       next_item, nitems, L,   mine,
+                                                              nrb, ntiles, item_id, pos,      empty,  full, finished};
+        walk(next, ws_producer_item<PHASE, NVFP4, NTOK, LOOP>{n, t, fill_column, tma, col_code, mine, L, sh, gth, me,
+                                                              peers, rows_total, nkc, pos, empty, smem, full, tok_map,
+                                                              wsrc0, wsf0, wbf0});
+        return;
+    }
+
+    /* consumers */
+    mm_setmaxnreg_inc<WS_CONSUMER_REGS>();
+    const int c = wg - 1, w = t >> 5, lane = t & 31;
+    float acc[GROUPS_PER_WARP][NTOK / 2]; /* the first k16 step writes them (accumulate = 0) */
+    /* BF16 gate/up (bf16_promote): the four k16 steps of a group and all NTOK tokens go into part
+     * (m64nNTOK), added into acc in f32 once they retired; the two groups in turn (two waits per K
+     * step), the other consumer warpgroup keeping the tensor cores busy meanwhile. A part of both
+     * groups does not fit the registers at NTOK 128, nor do two parts in flight (144 B of spills in
+     * the K loop); one of 128 tokens does, acc starting at zero per item (ptxas stack 0). */
+    constexpr bool promote = bf16_promote<PHASE, NVFP4>();
+    float part[promote ? NTOK / 2 : 1];
+    ws_ring_pos<C::stages> pos; /* runs on across the block's items */
+    bool past64 = true, past96 = true; /* SPLIT: the item has tokens past 64 / 96 (warp-uniform) */
+    const ws_consumer_next<NTOK, C::stages, NBUF> next = {full, pos, item_id, n, L, mine, nrb, ntiles};
+    const ws_consumer_kstep<PHASE, NVFP4, NTOK, LOOP, SPLIT> kstep = {pos,  full,   smem, c,    w,
+                                                                      lane, acc,    past64, past96, part, empty};
+    walk(next, ws_consumer_item<PHASE, NVFP4, NTOK, LOOP, SPLIT>{acc,       past64, past96, nkc,     kstep,  lane,
+                                                                 empty,     pos,    n,      c,       w,      sh,
+                                                                 L,         peers,  mine,   W,       col_code, col_scale,
+                                                                 smem,      t,      colfree});
 }
 
 /* The instance table (gemm_plan.h ws_instance: row = phase | nvfp4 << 1 | 128 tokens << 2 | walk << 3
