@@ -9,11 +9,11 @@
  *                else                           count / tiles / fill per expert  (sm90_route_*_kernel)
  *              (E_r <= 1024 for the warp, <= 8192 for the one kernel; all write the same tables)
  *   barrier    sm90_barrier.cu  NCCL only: every rank's tokens staged
- *   gather     sm90_gather.cu   where the rows are gathered (across GPUs; one GPU when ws / ws64 take gate/up)
- *   gate/up, down: the expert GEMMs, chosen below (gemm_plan.h plan_gemm), per phase; between
- *              them, for NVFP4 weights with bf16 activations (W4A16), sm90_act_f16.cu: act to f16
- *   barrier    sm90_barrier.cu  NCCL only: every p written
- *   combine    sm90_combine.cu  per token; a cluster of 8 blocks per token up to 16 tokens of a rank
+ *   gather     sm90_gather.cu   where the rows are gathered (across GPUs; one GPU when ws / ws64 take
+ * gate/up) gate/up, down: the expert GEMMs, chosen below (gemm_plan.h plan_gemm), per phase; between them,
+ * for NVFP4 weights with bf16 activations (W4A16), sm90_act_f16.cu: act to f16 barrier    sm90_barrier.cu
+ * NCCL only: every p written combine    sm90_combine.cu  per token; a cluster of 8 blocks per token up to 16
+ * tokens of a rank
  *
  * The expert GEMM of a phase, from the group's slots per expert n = S / E (both phases take the same
  * kernel unless one of them plans a K split where the other does not) and min_k = min(H, I):
@@ -77,13 +77,14 @@ static megamoe_status launch_one(const gemm_launch &g, const mm_gemm_args &a, cu
 
 static megamoe_status launch_phase(const gemm_phase_plan &p, const mm_gemm_args &a, cudaStream_t s) {
     megamoe_status st = MEGAMOE_OK;
-    for (int i = 0; i < p.num_launches && st == MEGAMOE_OK; i++) st = launch_one(p.launch[i], a, s);
+    for (int i = 0; i < p.num_launches && st == MEGAMOE_OK; i++)
+        st = launch_one(p.launch[i], a, s);
     return st;
 }
 
-megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh_in, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens,
-                                       int override_kernel, cudaStream_t s) {
+megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh_in, const mm_buffer_layout &L,
+                                       uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights,
+                                       int total_tokens, int override_kernel, cudaStream_t s) {
     if (L.max_tiles <= 0) return MEGAMOE_OK;
     int sms = 0;
     MM_CUDA_TRY(mm_device_sms(&sms));
@@ -103,15 +104,18 @@ megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh_in, const mm_buffe
 }
 
 megamoe_status sm90_expert_gemm_unbuilt(const gemm_launch &g) {
-    return mm_cuda_fail(MEGAMOE_ERR_UNSUPPORTED, "gemm_kernel=%d reaches an instance this build leaves out "
+    return mm_cuda_fail(MEGAMOE_ERR_UNSUPPORTED,
+                        "gemm_kernel=%d reaches an instance this build leaves out "
                         "(family %d, row %d): a test mode, built with MEGAMOE_FORCED_KERNELS=ON",
                         g.rule.override_kernel, g.kernel, g.instance);
 }
 
 megamoe_status sm90_expert_gemm_prepare(int override_kernel, int nvfp4) {
     if (!gemm_override_built(override_kernel, nvfp4))
-        return mm_cuda_fail(MEGAMOE_ERR_UNSUPPORTED, "gemm_kernel=%d on %s weights is a test mode this build leaves "
-                            "out (MEGAMOE_FORCED_KERNELS=OFF)", override_kernel, nvfp4 ? "NVFP4" : "BF16");
+        return mm_cuda_fail(MEGAMOE_ERR_UNSUPPORTED,
+                            "gemm_kernel=%d on %s weights is a test mode this build leaves "
+                            "out (MEGAMOE_FORCED_KERNELS=OFF)",
+                            override_kernel, nvfp4 ? "NVFP4" : "BF16");
     megamoe_status st = sm90_expert_wgmma_prepare();
     if (st == MEGAMOE_OK) st = sm90_expert_ws_prepare();
     if (st == MEGAMOE_OK) st = sm90_expert_stream_prepare();

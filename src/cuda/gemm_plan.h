@@ -21,7 +21,8 @@
 #ifdef __CUDACC__
 #define MM_PLAN_FN __host__ __device__ inline
 #define MM_PLAN_INLINE __host__ __device__ __forceinline__ /* inlined as the caller's own code (its SASS) */
-#define MM_PLAN_RULE __host__ __device__ constexpr inline /* also in the instance tables' constant expressions */
+#define MM_PLAN_RULE                                                                                         \
+    __host__ __device__ constexpr inline /* also in the instance tables' constant expressions */
 #define MM_PLAN_HOST static inline
 #else
 #define MM_PLAN_FN static inline
@@ -96,15 +97,18 @@ enum {
     GEMM_WS64 = MEGAMOE_GEMM_WS64
 };
 #define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
-#define MM_WS_MIN_TOKENS 64 /* ws from here: its walking grid beats wgmma even at a short K (Qwen3-like I = 768) */
+#define MM_WS_MIN_TOKENS                                                                                     \
+    64 /* ws from here: its walking grid beats wgmma even at a short K (Qwen3-like I = 768) */
 #define MM_STREAM_MAX_AVG 16 /* NVFP4 streaming up to here: weight-bandwidth bound, it beats wgmma there */
-#define MM_WS64_MIN_K 4096 /* NVFP4 ws64 (not wgmma) where both K reach this: long items amortize its fill */
+#define MM_WS64_MIN_K 4096   /* NVFP4 ws64 (not wgmma) where both K reach this: long items amortize its fill \
+                              */
 #define MM_BF16_WS64_MIN_AVG 4 /* BF16 ws64 from here, in place of wgmma and mma.sync split-K */
 MM_PLAN_FN int gemm_choice(int override_kernel, long slots, int E, int splits, int nvfp4, int min_k) {
     if (override_kernel == GEMM_MMA || override_kernel == GEMM_WGMMA || override_kernel == GEMM_WS ||
         override_kernel == GEMM_WS64)
         return override_kernel;
-    if (override_kernel == GEMM_STREAM) return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
+    if (override_kernel == GEMM_STREAM)
+        return nvfp4 ? GEMM_STREAM : GEMM_MMA; /* the streaming kernel is NVFP4 only */
     if (slots >= (long)MM_WS_MIN_TOKENS * E && (nvfp4 || splits == 1)) return GEMM_WS;
     if (nvfp4) {
         if (slots <= (long)MM_STREAM_MAX_AVG * E) return GEMM_STREAM;
@@ -116,7 +120,8 @@ MM_PLAN_FN int gemm_choice(int override_kernel, long slots, int E, int splits, i
  * item: always across GPUs (the host knows only a bound of the items) and for gate/up (its epilogue,
  * staged in a tile of its own, overlaps the next item's fill); the NVFP4 down projection where its K
  * (= I) is short, its items' fill and epilogue weighing most there. */
-#define MM_WS_DOWN_WALK_MAX_K 2048 /* NVFP4 down walks below this I: at Mixtral-like I = 14336 the walk lost */
+#define MM_WS_DOWN_WALK_MAX_K                                                                                \
+    2048 /* NVFP4 down walks below this I: at Mixtral-like I = 14336 the walk lost */
 MM_PLAN_FN int ws_walks(int nccl, int phase, int nvfp4, int I) {
     return nccl || phase == PHASE_GATE_UP || (nvfp4 && I < MM_WS_DOWN_WALK_MAX_K);
 }
@@ -136,9 +141,7 @@ MM_PLAN_FN void ws_item_place(int item, int nrb, int tiles, int *tile, int *rb) 
  * splits its m64n128 wgmma into m64n64 + m64n32 + m64n32, each part past the item's tokens skipped
  * (there most items hold 40-90 tokens); from there on one m64n128. y is the same either way. */
 #define MM_WS_SPLIT_N_BELOW 128 /* split, full items cost 3-5% more (DECISIONS 58) */
-MM_PLAN_FN int ws_split_n(long slots, int E) {
-    return slots < (long)MM_WS_SPLIT_N_BELOW * E;
-}
+MM_PLAN_FN int ws_split_n(long slots, int E) { return slots < (long)MM_WS_SPLIT_N_BELOW * E; }
 /* The order of the kernels along the token count (the choice never goes down as it grows): the
  * few-token kernels (mma.sync, streaming), wgmma, the warp-specialized kernel on 64-token blocks,
  * on 128-token blocks. */
@@ -185,7 +188,8 @@ MM_PLAN_FN int plan_stream_more_blocks(long slots, int E, int E_loc, int y, int 
     for (double b = 1.0 - 1.0 / E; slots > 0; slots >>= 1, b *= b)
         if (slots & 1) miss *= b;
     const double items = E_loc * (1.0 - miss) * y;
-    return items > (double)MM_STREAM_BLOCKS_PER_SM * sms && items <= (double)(MM_STREAM_BLOCKS_PER_SM + 1) * sms;
+    return items > (double)MM_STREAM_BLOCKS_PER_SM * sms &&
+           items <= (double)(MM_STREAM_BLOCKS_PER_SM + 1) * sms;
 }
 
 /* The streaming kernel's K loop not unrolled (its own instantiation, launched per phase) where the
@@ -193,7 +197,8 @@ MM_PLAN_FN int plan_stream_more_blocks(long slots, int E, int E_loc, int y, int 
  * of 4 splits) and down at every T (12). A decode forward fetches the kernel's code cold after the
  * L2 flush, and the unrolled loop is MM_STREAM_UNROLL steps' code (DECISIONS: against unrolling
  * everywhere at 1, and against a run-time choice inside one kernel). */
-#define MM_STREAM_ROLL_BELOW 16 /* K steps per split below which the loop's code, fetched cold, outweighs unrolling */
+#define MM_STREAM_ROLL_BELOW                                                                                 \
+    16 /* K steps per split below which the loop's code, fetched cold, outweighs unrolling */
 MM_PLAN_FN int plan_stream_rolled(long slots, int E, int y, int nkc) {
     return nkc / plan_stream_splits(slots, E, y, nkc) < MM_STREAM_ROLL_BELOW;
 }
@@ -212,9 +217,12 @@ enum {
     STREAM_WIDE = 4,
     STREAM_VARIANTS = 5
 };
-#define MM_STREAM_GROUPED_MIN_AVG 4 /* grouped from here: faster from ~4 per expert, slower at ~1 (DECISIONS 89) */
-#define MM_STREAM_WIDE_ABOVE 8 /* 32-token chunks above: a tile's weights streamed once, not once per 16 tokens */
-#define MM_STREAM_WIDE_BLOCKS 3 /* the wide instantiation's blocks per SM: 32 token rows, 4 n-tiles of sums each */
+#define MM_STREAM_GROUPED_MIN_AVG                                                                            \
+    4 /* grouped from here: faster from ~4 per expert, slower at ~1 (DECISIONS 89) */
+#define MM_STREAM_WIDE_ABOVE                                                                                 \
+    8 /* 32-token chunks above: a tile's weights streamed once, not once per 16 tokens */
+#define MM_STREAM_WIDE_BLOCKS                                                                                \
+    3 /* the wide instantiation's blocks per SM: 32 token rows, 4 n-tiles of sums each */
 /* The resident blocks per SM each instantiation's persistent grid and split plan count on. */
 MM_PLAN_RULE int plan_stream_blocks_per_sm(int variant) {
     return variant == STREAM_WIDE          ? MM_STREAM_WIDE_BLOCKS
@@ -292,7 +300,8 @@ MM_PLAN_FN splitk_plan plan_wgmma_splits(long slots, int E, int y, int nkc) {
  * exact, so y is the same either way): where the plan gathers (gemm_plan.gathered) and the copy holds
  * the rank's slot rows (MM_GATHER_CAP), in one process always, across GPUs from MM_GATHER_MIN_SLOTS
  * slot rows of the rank on (the rank's count, known on the device after routing: rank_gathered). */
-#define MM_GATHER_MIN_SLOTS 512 /* below, the gather's copy and launch cost more than remote reads at decode (DECISIONS 89) */
+#define MM_GATHER_MIN_SLOTS                                                                                  \
+    512 /* below, the gather's copy and launch cost more than remote reads at decode (DECISIONS 89) */
 MM_PLAN_INLINE int plan_rank_gathers(int one_process, int rank_slots) {
     return one_process || rank_slots >= MM_GATHER_MIN_SLOTS;
 }
@@ -301,11 +310,12 @@ MM_PLAN_INLINE int plan_rank_gathers(int one_process, int rank_slots) {
  * of MM_COMBINE_CLUSTER blocks per token, each taking an eighth of the token's chunk sums through
  * distributed shared memory; above, a block per token. Both give the same bits (one order of sums). */
 #define MM_COMBINE_CLUSTER 8 /* blocks per token in the few-token form (the portable cluster size) */
-#define MM_COMBINE_CLUSTER_TOKENS 16 /* a token's K rows of p over 8 SMs, not one: DSv3-like T = 1 (DECISIONS) */
+#define MM_COMBINE_CLUSTER_TOKENS                                                                            \
+    16 /* a token's K rows of p over 8 SMs, not one: DSv3-like T = 1 (DECISIONS) */
 typedef struct combine_plan {
-    int cluster;          /* the few-token form */
-    int blocks, threads;  /* the grid (a cluster per token, or a block) and the block */
-    int smem;             /* the chunk sums: K x H / 128 f32 */
+    int cluster;         /* the few-token form */
+    int blocks, threads; /* the grid (a cluster per token, or a block) and the block */
+    int smem;            /* the chunk sums: K x H / 128 f32 */
 } combine_plan;
 MM_PLAN_HOST combine_plan plan_combine(int T, int K, int H) {
     const int nch = H / 128, tokens = T > 0 ? T : 1;
@@ -335,7 +345,9 @@ typedef struct gemm_rule {
 
 /* A phase's rows of weights and K steps. */
 MM_PLAN_FN int gemm_phase_rows(int phase, int H, int I) { return phase == PHASE_GATE_UP ? 2 * I : H; }
-MM_PLAN_FN int gemm_phase_nkc(int phase, int H, int I) { return (phase == PHASE_GATE_UP ? H : I) / MM_FRAG_K; }
+MM_PLAN_FN int gemm_phase_nkc(int phase, int H, int I) {
+    return (phase == PHASE_GATE_UP ? H : I) / MM_FRAG_K;
+}
 
 /* The kernel a phase runs at the group's slot count, and the mma.sync kernel's plan that choice
  * depends on. The host's plan takes it here (one process, where the host knows the count); every
@@ -346,7 +358,8 @@ typedef struct gemm_phase_choice {
     int kernel;      /* gemm_choice: GEMM_MMA, GEMM_STREAM, GEMM_WGMMA, GEMM_WS64 or GEMM_WS */
     splitk_plan mma; /* plan_splitk: the mma.sync kernel's splits and tile bound */
 } gemm_phase_choice;
-MM_PLAN_HOST gemm_phase_choice plan_gemm_phase(gemm_rule rule, long slots, int E, int H, int I, int phase, int nvfp4) {
+MM_PLAN_HOST gemm_phase_choice plan_gemm_phase(gemm_rule rule, long slots, int E, int H, int I, int phase,
+                                               int nvfp4) {
     gemm_phase_choice c;
     c.mma = plan_splitk(slots, E, gemm_phase_rows(phase, H, I) / MM_MMA_ROWS, gemm_phase_nkc(phase, H, I));
     c.kernel = gemm_choice(rule.override_kernel, slots, E, c.mma.splits, nvfp4, H < I ? H : I);
@@ -373,7 +386,9 @@ MM_PLAN_RULE int gemm_family_built(int kernel, int nvfp4) {
 }
 /* Whether a layer's gemm_kernel can run in this build (finalize refuses it otherwise). */
 MM_PLAN_RULE int gemm_override_built(int override_kernel, int nvfp4) {
-    return override_kernel == GEMM_MMA || override_kernel == GEMM_WGMMA ? gemm_family_built(override_kernel, nvfp4) : 1;
+    return override_kernel == GEMM_MMA || override_kernel == GEMM_WGMMA
+               ? gemm_family_built(override_kernel, nvfp4)
+               : 1;
 }
 #define MMA_INSTANCES 8 /* [split][nvfp4][phase] */
 MM_PLAN_RULE int mma_instance(int phase, int nvfp4, int split) {
@@ -400,8 +415,8 @@ MM_PLAN_RULE int ws_instance_built(int phase, int nvfp4, int ntok128, int walk, 
 
 /* What a forward's expert GEMMs are planned from (dispatch.cu fills it). */
 typedef struct gemm_desc {
-    long slots;          /* the group's slots S = tokens x K; NCCL: this rank's, a lower bound of the group's */
-    long max_slots;      /* R x T_max x K: the most the group can have */
+    long slots;     /* the group's slots S = tokens x K; NCCL: this rank's, a lower bound of the group's */
+    long max_slots; /* R x T_max x K: the most the group can have */
     int R, local_ranks;  /* ranks in the group; ranks this process drives (R in one process, 1 with NCCL) */
     int E, E_r, K, H, I; /* experts, per rank, top-k, hidden and intermediate sizes */
     int nvfp4, bf16_act; /* NVFP4 weights; with bf16 activations (W4A16) */
@@ -413,19 +428,19 @@ typedef struct gemm_desc {
 
 /* One kernel launch of a phase. */
 typedef struct gemm_launch {
-    int kernel;        /* the family: GEMM_MMA, GEMM_STREAM, GEMM_WGMMA, GEMM_WS64 or GEMM_WS */
-    int phase;         /* PHASE_GATE_UP or PHASE_DOWN */
-    int instance;      /* the row of the family's instance table (streaming: the variant) */
-    int splits;        /* mma.sync, wgmma: K splits per rank in the grid (1: the unsplit instance) */
-    int walk;          /* wgmma, ws: the blocks walk the tiles or items of a capped grid */
-    int split_n;       /* ws: the 64 + 32 + 32 form */
-    int tma;           /* ws: the token tile by TMA (one rank driven here, its rows consecutive) */
-    int tiles;         /* the tile bound the grid covers */
-    int grid[3];       /* x, y, z */
-    long host_slots;   /* streaming: the group's slots where the host knows them (one process), else 0 */
-    int host_splits;   /* streaming: their split plan, else 0 (the blocks plan on the device) */
-    int ordered;       /* streaming: the routing wrote the tile order (plan_route_orders_tiles) */
-    gemm_rule rule;    /* for plan_gemm_phase on the device */
+    int kernel;      /* the family: GEMM_MMA, GEMM_STREAM, GEMM_WGMMA, GEMM_WS64 or GEMM_WS */
+    int phase;       /* PHASE_GATE_UP or PHASE_DOWN */
+    int instance;    /* the row of the family's instance table (streaming: the variant) */
+    int splits;      /* mma.sync, wgmma: K splits per rank in the grid (1: the unsplit instance) */
+    int walk;        /* wgmma, ws: the blocks walk the tiles or items of a capped grid */
+    int split_n;     /* ws: the 64 + 32 + 32 form */
+    int tma;         /* ws: the token tile by TMA (one rank driven here, its rows consecutive) */
+    int tiles;       /* the tile bound the grid covers */
+    int grid[3];     /* x, y, z */
+    long host_slots; /* streaming: the group's slots where the host knows them (one process), else 0 */
+    int host_splits; /* streaming: their split plan, else 0 (the blocks plan on the device) */
+    int ordered;     /* streaming: the routing wrote the tile order (plan_route_orders_tiles) */
+    gemm_rule rule;  /* for plan_gemm_phase on the device */
 } gemm_launch;
 
 /* A phase's launches, in order. One process: the one kernel the group's count chooses. NCCL: every
@@ -439,11 +454,11 @@ typedef struct gemm_phase_plan {
 } gemm_phase_plan;
 
 typedef struct gemm_plan {
-    int tiles;                 /* token tiles per rank the grids cover; 0: nothing runs */
-    int gathered;              /* the gate/up input gathered into L.xg first (sm90_gather_kernel) */
-    int act_f16;               /* W4A16: sm90_act_f16 between the phases */
-    long act_rows;             /* its rows per rank at most */
-    gemm_phase_plan phase[2];  /* [PHASE_GATE_UP], [PHASE_DOWN] */
+    int tiles;                /* token tiles per rank the grids cover; 0: nothing runs */
+    int gathered;             /* the gate/up input gathered into L.xg first (sm90_gather_kernel) */
+    int act_f16;              /* W4A16: sm90_act_f16 between the phases */
+    long act_rows;            /* its rows per rank at most */
+    gemm_phase_plan phase[2]; /* [PHASE_GATE_UP], [PHASE_DOWN] */
 } gemm_plan;
 
 MM_PLAN_HOST gemm_launch gemm_launch_of(const gemm_desc *d, int kernel, int phase, int tiles) {
@@ -474,7 +489,8 @@ MM_PLAN_HOST gemm_launch plan_mma_launch(const gemm_desc *d, int phase, int tile
  * that only leave. */
 MM_PLAN_HOST gemm_launch plan_wgmma_launch(const gemm_desc *d, int phase, int tiles, int splits) {
     gemm_launch g = gemm_launch_of(d, GEMM_WGMMA, phase, tiles);
-    const int y = gemm_phase_rows(phase, d->H, d->I) / MM_WGMMA_ROWS, sp = d->nvfp4 && splits > 1 ? splits : 1;
+    const int y = gemm_phase_rows(phase, d->H, d->I) / MM_WGMMA_ROWS,
+              sp = d->nvfp4 && splits > 1 ? splits : 1;
     g.splits = sp;
     g.walk = d->local_ranks < d->R;
     int bx = tiles;
@@ -548,10 +564,12 @@ MM_PLAN_HOST gemm_phase_plan plan_phase_one_process(const gemm_desc *d, int phas
     if (c.kernel == GEMM_MMA) plan_add(&p, plan_mma_launch(d, phase, tiles, c.mma.splits));
     if (c.kernel == GEMM_STREAM && plan_stream_launch(d, phase, tiles, &g)) plan_add(&p, g);
     if (c.kernel == GEMM_WGMMA)
-        plan_add(&p, plan_wgmma_launch(d, phase, tiles, plan_wgmma_splits(d->slots, d->E, rows / MM_WGMMA_ROWS, nkc).splits));
+        plan_add(&p, plan_wgmma_launch(d, phase, tiles,
+                                       plan_wgmma_splits(d->slots, d->E, rows / MM_WGMMA_ROWS, nkc).splits));
     if (c.kernel == GEMM_WS64) plan_add(&p, plan_ws_launch(d, GEMM_WS64, phase, tiles, 0, gathered));
     if (c.kernel == GEMM_WS)
-        plan_add(&p, plan_ws_launch(d, GEMM_WS, phase, tiles, d->nvfp4 && ws_split_n(d->slots, d->E), gathered));
+        plan_add(&p,
+                 plan_ws_launch(d, GEMM_WS, phase, tiles, d->nvfp4 && ws_split_n(d->slots, d->E), gathered));
     return p;
 }
 
@@ -562,7 +580,8 @@ MM_PLAN_HOST gemm_phase_plan plan_phase_one_process(const gemm_desc *d, int phas
  * may plan. */
 MM_PLAN_HOST gemm_phase_plan plan_phase_nccl(const gemm_desc *d, int phase, int tiles, int gathered) {
     const int rows = gemm_phase_rows(phase, d->H, d->I), nkc = gemm_phase_nkc(phase, d->H, d->I);
-    const int min_k = d->H < d->I ? d->H : d->I, wanted = splitk_wanted(d->slots, d->E, rows / MM_MMA_ROWS, nkc);
+    const int min_k = d->H < d->I ? d->H : d->I,
+              wanted = splitk_wanted(d->slots, d->E, rows / MM_MMA_ROWS, nkc);
     const int sp = wanted > 1 ? wanted : 1;
     const int k = gemm_choice(d->override_kernel, d->slots, d->E, sp, d->nvfp4, min_k);
     const int top = gemm_rank(gemm_choice(d->override_kernel, d->max_slots, d->E, 1, d->nvfp4, min_k));
@@ -573,10 +592,12 @@ MM_PLAN_HOST gemm_phase_plan plan_phase_nccl(const gemm_desc *d, int phase, int 
     if (k == GEMM_MMA) plan_add(&p, plan_mma_launch(d, phase, tiles, sp));
     if (k == GEMM_STREAM && plan_stream_launch(d, phase, tiles, &g)) plan_add(&p, g);
     if (gemm_rank(k) <= 1 && top >= 1)
-        plan_add(&p, plan_wgmma_launch(d, phase, tiles, wgmma_splits_wanted(d->slots, d->E, rows / MM_WGMMA_ROWS, nkc)));
+        plan_add(&p, plan_wgmma_launch(d, phase, tiles,
+                                       wgmma_splits_wanted(d->slots, d->E, rows / MM_WGMMA_ROWS, nkc)));
     if (gemm_rank(k) <= 2 && top >= 2) plan_add(&p, plan_ws_launch(d, GEMM_WS64, phase, tiles, 0, gathered));
     if (top >= 3) {
-        const int split = d->nvfp4 && ws_split_n(d->slots, d->E), full = !d->nvfp4 || !ws_split_n(d->max_slots, d->E);
+        const int split = d->nvfp4 && ws_split_n(d->slots, d->E),
+                  full = !d->nvfp4 || !ws_split_n(d->max_slots, d->E);
         if (full) plan_add(&p, plan_ws_launch(d, GEMM_WS, phase, tiles, 0, gathered));
         if (split) plan_add(&p, plan_ws_launch(d, GEMM_WS, phase, tiles, 1, gathered));
     }
@@ -590,7 +611,8 @@ MM_PLAN_HOST gemm_plan plan_gemm(const gemm_desc *d) {
     if (d->max_tiles <= 0) return p;
     const int nccl = d->local_ranks < d->R;
     const gemm_rule rule = {d->override_kernel};
-    const gemm_phase_choice gate_up = plan_gemm_phase(rule, d->slots, d->E, d->H, d->I, PHASE_GATE_UP, d->nvfp4);
+    const gemm_phase_choice gate_up =
+        plan_gemm_phase(rule, d->slots, d->E, d->H, d->I, PHASE_GATE_UP, d->nvfp4);
     /* A rank has at most ws_tiles tiles: launching max_tiles (sized for T_max) would schedule
      * thousands of blocks that only read the tile count and exit, ~0.2 ms at T = 1. With NCCL the
      * host knows only the bound. */

@@ -21,7 +21,8 @@ int sm90_route_plan(const mm_dev_shape &sh, long total_tokens);
 /* The routing kernels of `route` (not ROUTE_WARP, which the stage kernel runs). */
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  int route, long total_slots, cudaStream_t s);
-/* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered). */
+/* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered).
+ */
 megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                   cudaStream_t s);
 
@@ -32,9 +33,9 @@ megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout
  * (gemm_override_built). */
 megamoe_status sm90_expert_gemm_prepare(int override_kernel, int nvfp4);
 /* Both phases of a forward: desc -> plan_gemm -> the plan's gather, gate/up, act_f16, down. */
-megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens,
-                                       int override_kernel, cudaStream_t s);
+megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                       uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights,
+                                       int total_tokens, int override_kernel, cudaStream_t s);
 
 /* What every GEMM launch passes its kernel besides the plan's launch: the forward's shape (gathered
  * set from the plan), the buffer layout, the peer table, local rank 0's buffer (the ws kernel's token

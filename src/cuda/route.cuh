@@ -37,7 +37,8 @@ struct route_tile_table {
     int32_t *expert, *start;
     int2 *rows;
     __device__ __forceinline__ route_tile_table(const mm_buffer_layout &L, uint8_t *b)
-        : expert((int32_t *)(b + L.tile_expert)), start((int32_t *)(b + L.tile_start)), rows((int2 *)(b + L.tile_rows)) {}
+        : expert((int32_t *)(b + L.tile_expert)), start((int32_t *)(b + L.tile_start)),
+          rows((int2 *)(b + L.tile_rows)) {}
     __device__ __forceinline__ void store(int t, int e, int start_, int first, int ncols) const {
         expert[t] = e;
         start[t] = start_;
@@ -50,8 +51,8 @@ struct route_tile_table {
  * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start, tile_rows and num_tiles of
  * buffer b. */
 template <typename CountOf, typename OnExpert>
-__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b,
-                                                  CountOf count_of, OnExpert on_expert) {
+__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                                  uint8_t *b, CountOf count_of, OnExpert on_expert) {
     int32_t *offset = (int32_t *)(b + L.expert_offset);
     const route_tile_table table(L, b);
     int slot_base = 0, tile_base = 0;
@@ -65,7 +66,8 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
             offset[e] = slot_base + slot_off;
             on_expert(e, n, slot_base + slot_off);
             for (int i = 0; i < tiles; i++)
-                table.store(tile_base + tile_off + i, e, i * MM_TILE_TOKENS, slot_base + slot_off + i * MM_TILE_TOKENS,
+                table.store(tile_base + tile_off + i, e, i * MM_TILE_TOKENS,
+                            slot_base + slot_off + i * MM_TILE_TOKENS,
                             min(MM_TILE_TOKENS, n - i * MM_TILE_TOKENS));
         }
         slot_base += slot_total;
@@ -81,8 +83,8 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
  * ids while the rest of the stage block quantizes it (sm90_stage_kernel): the same tables and slot
  * order as the routing kernels. ids: lane k < K holds slot k's id, -1 where the token is not routed
  * (padding, non-finite) or the id is out of range. With one token every expert has at most K <= 32
- * slots, so one tile; an expert's values are counts over the K ids. MM_ROUTE_WARP_EXPERTS (gemm_plan.h) bounds the
- * experts it walks (32 per pass). */
+ * slots, so one tile; an expert's values are counts over the K ids. MM_ROUTE_WARP_EXPERTS (gemm_plan.h)
+ * bounds the experts it walks (32 per pass). */
 __device__ inline void route_one_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b, int id,
                                       float scale) {
     __shared__ int s_id[32], s_first[32];

@@ -28,8 +28,9 @@ __device__ __forceinline__ float chunk_ssq(const float4 *row, int c, int lane) {
 }
 
 template <bool CLUSTER>
-__global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base, const float *gamma,
-                                    mm_dev_rank_args a, uint8_t *err_words, uint8_t *host_err) {
+__global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base,
+                                    const float *gamma, mm_dev_rank_args a, uint8_t *err_words,
+                                    uint8_t *host_err) {
     extern __shared__ float css[]; /* [K][H / 128] chunk sums of squares (this block's chunks) */
     __shared__ float rms[32];
     __shared__ int live[32];
@@ -63,7 +64,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
     uint16_t *y = a.y + (size_t)t * H;
     if (state != MM_TOKEN_LIVE) {
         const uint32_t fill = state == MM_TOKEN_POISONED ? 0x7FC07FC0u : 0u;
-        for (int i = c0 * 16 + threadIdx.x; i < c1 * 16; i += blockDim.x) ((uint4 *)y)[i] = make_uint4(fill, fill, fill, fill);
+        for (int i = c0 * 16 + threadIdx.x; i < c1 * 16; i += blockDim.x)
+            ((uint4 *)y)[i] = make_uint4(fill, fill, fill, fill);
         return;
     }
     __syncthreads(); /* the slots' ids and weights */
@@ -84,7 +86,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
                 float ss = 0.0f;
                 for (int owner = 0; owner < nb; owner++) {
                     const float *theirs = cluster.map_shared_rank(css, owner);
-                    for (int c = owner * nch / nb; c < (owner + 1) * nch / nb; c++) ss += theirs[threadIdx.x * nch + c];
+                    for (int c = owner * nch / nb; c < (owner + 1) * nch / nb; c++)
+                        ss += theirs[threadIdx.x * nch + c];
                 }
                 rms[threadIdx.x] = 1.0f / sqrtf(ss / (float)H + sh.eps);
             }
@@ -93,7 +96,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
             __syncthreads();
             if (threadIdx.x < K && live[threadIdx.x]) {
                 float ss = 0.0f;
-                for (int c = 0; c < nch; c++) ss += css[threadIdx.x * nch + c];
+                for (int c = 0; c < nch; c++)
+                    ss += css[threadIdx.x * nch + c];
                 rms[threadIdx.x] = 1.0f / sqrtf(ss / (float)H + sh.eps);
             }
             __syncthreads();
@@ -124,7 +128,6 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
     }
 }
 
-
 /* The chunk sums take K x H / 128 floats of dynamic shared memory: opted in at finalize, on the
  * layer's device, outside any capture. The opt-in is the device's, per kernel, shared by every layer
  * on it: it is raised to what this layer needs, never lowered below what the device already allows
@@ -132,7 +135,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
 megamoe_status sm90_combine_prepare(int K, int H) {
     const int bytes = K * (H / 128) * 4;
     if (bytes <= 48 * 1024) return MEGAMOE_OK;
-    const void *forms[2] = {(const void *)sm90_combine_kernel<false>, (const void *)sm90_combine_kernel<true>};
+    const void *forms[2] = {(const void *)sm90_combine_kernel<false>,
+                            (const void *)sm90_combine_kernel<true>};
     for (const void *f : forms) {
         cudaFuncAttributes attr;
         MM_CUDA_TRY(cudaFuncGetAttributes(&attr, f));
@@ -161,10 +165,11 @@ megamoe_status sm90_combine_launch(const combine_plan &c, const mm_dev_shape &sh
         cfg.stream = s;
         cfg.attrs = attr;
         cfg.numAttrs = 2;
-        MM_CUDA_TRY(cudaLaunchKernelEx(&cfg, sm90_combine_kernel<true>, sh, L, base, gamma, a, err_words, host_err));
+        MM_CUDA_TRY(
+            cudaLaunchKernelEx(&cfg, sm90_combine_kernel<true>, sh, L, base, gamma, a, err_words, host_err));
     } else {
-        MM_CUDA_TRY(mm_launch(sm90_combine_kernel<false>, c.blocks, c.threads, c.smem, s, sh, L, base, gamma, a,
-                              err_words, host_err));
+        MM_CUDA_TRY(mm_launch(sm90_combine_kernel<false>, c.blocks, c.threads, c.smem, s, sh, L, base, gamma,
+                              a, err_words, host_err));
     }
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;

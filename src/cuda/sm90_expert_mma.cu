@@ -25,8 +25,8 @@
 #include "launch.h"
 
 #define WARPS 4
-#define BN MM_TILE_TOKENS       /* tokens per tile */
-#define LDB (BK + 8)            /* 16-bit elements per staged activation row (conflict-free) */
+#define BN MM_TILE_TOKENS /* tokens per tile */
+#define LDB (BK + 8)      /* 16-bit elements per staged activation row (conflict-free) */
 #define ROWS_PER_BLOCK (WARPS * GROUPS_PER_WARP * 16)
 
 static_assert(BN == 64 && BK == 64, "tile shape");
@@ -53,8 +53,9 @@ struct b_raw {
  * way, 4 per thread (piece = tid + 128 * i); row = piece >> shift with shift = log2(8 * kch). */
 template <int PHASE>
 __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                       uint8_t *const *peers, const uint8_t *mine, bool gth, const int *col_src,
-                                       const int *col_token, int first, int ncols, int k0, int k_end, int shift) {
+                                       uint8_t *const *peers, const uint8_t *mine, bool gth,
+                                       const int *col_src, const int *col_token, int first, int ncols, int k0,
+                                       int k_end, int shift) {
     for (int i = 0; i < 4; i++) {
         const int chunk = threadIdx.x + 128 * i, row = chunk >> shift, q = chunk & ((1 << shift) - 1);
         if (row >= ncols) break; /* rows grow with i: the rest are past ncols too */
@@ -63,14 +64,16 @@ __device__ __forceinline__ void load_b(b_raw &r, const mm_dev_shape &sh, const m
         if (PHASE == PHASE_DOWN) {
             r.v[i] = *(const uint4 *)((const uint16_t *)(mine + L.act) + (size_t)(first + row) * sh.I + k);
         } else { /* NVFP4: decoded once by the stage kernel (biased f16, exact); BF16: x (gate_up_rows) */
-            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + gate_up_rows(sh, L, gth)) + (size_t)col_token[row] * sh.H + k);
+            r.v[i] = *(const uint4 *)((const uint16_t *)(peers[col_src[row]] + gate_up_rows(sh, L, gth)) +
+                                      (size_t)col_token[row] * sh.H + k);
         }
     }
 }
 
 /* Rows past ncols are neither loaded nor stored: an MMA column never mixes with another, and the
  * epilogue drops every column >= ncols (the rows are zeroed once so no stale value is read). */
-__device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs, int ldb, int shift, int k_left) {
+__device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs, int ldb, int shift,
+                                        int k_left) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int chunk = threadIdx.x + 128 * i, row = chunk >> shift, q = chunk & ((1 << shift) - 1);
@@ -83,17 +86,17 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs,
 /* SPLIT: the split-K instantiation (plan_splitk), blockIdx.z = rank x grid_splits + split; the plain
  * one keeps its registers. */
 template <int PHASE, bool NVFP4, bool SPLIT>
-__global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                      uint8_t *const *peers,
-                                                                      const mm_dev_weights *weights,
-                                                                      int grid_splits, gemm_rule rule) {
+__global__ void __launch_bounds__(WARPS * 32)
+    sm90_expert_mma_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                           const mm_dev_weights *weights, int grid_splits, gemm_rule rule) {
     mm_wait_previous();
     __shared__ __align__(16) uint16_t Bs[2 * BN * LDB];
     extern __shared__ __align__(16) uint8_t a_ring[]; /* RING_BYTES for NVFP4, none for BF16 */
     __shared__ int col_code[BN], col_src[BN], col_token[BN];
     __shared__ float col_scale[BN];
 
-    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits, tile = blockIdx.x;
+    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits,
+              tile = blockIdx.x;
     uint8_t *mine = peers[r];
     if (tile >= *(const int32_t *)(mine + L.num_tiles)) return;
     const tile_info ti = load_tile(L, mine, tile);
@@ -102,7 +105,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
     const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
     /* The phase's plan at the group's count (the host may launch more splits than it: NCCL ranks do
      * not know the other ranks' counts; the extra blocks leave here). */
-    const gemm_phase_choice plan = gemm_device_choice<PHASE, nvfp4>(rule, sh, global_slots(sh, L, peers), nkc);
+    const gemm_phase_choice plan =
+        gemm_device_choice<PHASE, nvfp4>(rule, sh, global_slots(sh, L, peers), nkc);
     if (plan.kernel != GEMM_MMA) return; /* another kernel has it */
     const int splits = SPLIT ? plan.mma.splits : 1, ws_tiles = plan.mma.ws_tiles;
     if (split >= splits) return;
@@ -113,9 +117,11 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
     const mm_dev_weights W = weights[r - sh.first_rank]; /* the table holds the local ranks */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
 
-    for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32) ((uint4 *)Bs)[i] = make_uint4(0, 0, 0, 0);
+    for (int i = tid; i < 2 * BN * LDB / 8; i += WARPS * 32)
+        ((uint4 *)Bs)[i] = make_uint4(0, 0, 0, 0);
     const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
-    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, gth, r, first, ncols, col_code, col_src, col_token, col_scale);
+    tile_columns<PHASE, nvfp4>(sh, L, peers, mine, gth, r, first, ncols, col_code, col_src, col_token,
+                               col_scale);
     __syncthreads();
 
     const uint8_t *codes = PHASE == PHASE_GATE_UP ? W.w13 : W.w2;
@@ -130,7 +136,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc[q][i * 4 + j] = 0.0f;
+            for (int j = 0; j < 4; j++)
+                acc[q][i * 4 + j] = 0.0f;
 
     /* BF16 weights are prefetched one K step ahead in registers; NVFP4 through the cp.async ring.
      * Activations are staged a chunk of kch K steps at a time, double-buffered. */
@@ -146,7 +153,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
         }
     } else {
 #pragma unroll
-        for (int q = 0; q < GROUPS_PER_WARP; q++) load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+            load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc0, nkc, lane);
     }
     load_b<PHASE>(br, sh, L, peers, mine, gth, col_src, col_token, first, ncols, kc0 * BK, kc1 * BK, shift);
     store_b(br, ncols, Bs, ldb, shift, (kc1 - kc0) * BK);
@@ -156,7 +164,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
     for (int kb = kc0; kb < kc1; kb += kch, buf ^= 1) {
         const int kb_end = min(kb + kch, kc1);
         if (kb_end < kc1)
-            load_b<PHASE>(br, sh, L, peers, mine, gth, col_src, col_token, first, ncols, kb_end * BK, kc1 * BK, shift);
+            load_b<PHASE>(br, sh, L, peers, mine, gth, col_src, col_token, first, ncols, kb_end * BK,
+                          kc1 * BK, shift);
         for (int kc = kb; kc < kb_end; kc++) {
             a_raw<nvfp4> cur[GROUPS_PER_WARP];
             if constexpr (nvfp4) {
@@ -164,12 +173,14 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
                 issue_a<STAGES, true>(ring, codes, sfs, wb, group0, kc + STAGES - 1, kc1, nkc, lane);
                 cp_async_commit();
                 cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
-                __syncwarp();                 /* and so have the other lanes' */
+                __syncwarp();                /* and so have the other lanes' */
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) ring_read<STAGES, true>(cur[q], ring, kc, q, lane);
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    ring_read<STAGES, true>(cur[q], ring, kc, q, lane);
             } else {
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) cur[q] = nxt[q];
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    cur[q] = nxt[q];
                 if (kc + 1 < kc1)
 #pragma unroll
                     for (int q = 0; q < GROUPS_PER_WARP; q++)
@@ -183,11 +194,13 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int i = 0; i < 32; i++) part[q][i] = 0.0f;
+                    for (int i = 0; i < 32; i++)
+                        part[q][i] = 0.0f;
 #pragma unroll
             for (int s = 0; s < BK / 16; s++) {
                 uint32_t a[GROUPS_PER_WARP][4];
-                for (int q = 0; q < GROUPS_PER_WARP; q++) decode_a<nvfp4>(cur[q], s, a[q]);
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    decode_a<nvfp4>(cur[q], s, a[q]);
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++) {
                     if (nt >= ntiles_n) break;
@@ -204,7 +217,8 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int i = 0; i < 32; i++) acc[q][i] = mm_add(acc[q][i], part[q][i]);
+                    for (int i = 0; i < 32; i++)
+                        acc[q][i] = mm_add(acc[q][i], part[q][i]);
         }
         if (kb_end < kc1) store_b(br, ncols, Bs + (buf ^ 1) * (BN * LDB), ldb, shift, (kc1 - kb_end) * BK);
         __syncthreads();
@@ -212,25 +226,26 @@ __global__ void __launch_bounds__(WARPS * 32) sm90_expert_mma_kernel(mm_dev_shap
 
     if (SPLIT && splits > 1) { /* the entry (row block, tile) is within the workspace (plan_splitk) */
         const size_t entry = (size_t)blockIdx.y * ws_tiles + tile;
-        if (!splitk_block_reduce<WARPS * 32>(acc, (float *)(mine + L.splitk_ws), (int *)(mine + L.splitk_counters),
-                                             entry, splits, split, ntiles_n, tid))
+        if (!splitk_block_reduce<WARPS * 32>(acc, (float *)(mine + L.splitk_ws),
+                                             (int *)(mine + L.splitk_counters), entry, splits, split,
+                                             ntiles_n, tid))
             return;
     }
 
     gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n,
-                                (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP), col_code, col_scale,
-                                lane);
+                                (blockIdx.y * (ROWS_PER_BLOCK / 16) + warp * GROUPS_PER_WARP), col_code,
+                                col_scale, lane);
 }
 
 /* The instance table (gemm_plan.h mma_instance: row = phase | nvfp4 << 1 | split << 2), read by the
  * launch and the opt-in; a row the build leaves out (mma_instance_built) holds no kernel. */
-using mma_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, gemm_rule);
+using mma_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int,
+                               gemm_rule);
 struct mma_row {
     mma_kernel_fn kernel;
     int smem; /* the NVFP4 weight ring (dynamic shared memory) */
 };
-template <int ROW>
-static constexpr mma_row mma_row_of() {
+template <int ROW> static constexpr mma_row mma_row_of() {
     constexpr int phase = ROW & 1;
     constexpr bool nvfp4 = (ROW >> 1) & 1, split = (ROW >> 2) & 1;
     static_assert(mma_instance(phase, nvfp4, split) == ROW, "the row's axes");
@@ -243,12 +258,14 @@ template <size_t... ROW>
 static constexpr std::array<mma_row, sizeof...(ROW)> mma_rows(std::index_sequence<ROW...>) {
     return {{mma_row_of<ROW>()...}};
 }
-static const std::array<mma_row, MMA_INSTANCES> mma_instances = mma_rows(std::make_index_sequence<MMA_INSTANCES>());
+static const std::array<mma_row, MMA_INSTANCES> mma_instances =
+    mma_rows(std::make_index_sequence<MMA_INSTANCES>());
 
 megamoe_status sm90_expert_mma_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
     const mma_row &k = mma_instances[g.instance];
     if (!k.kernel) return sm90_expert_gemm_unbuilt(g);
-    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WARPS * 32, k.smem, s, a.sh, a.L, a.peers, a.weights, g.splits, g.rule));
+    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WARPS * 32, k.smem, s, a.sh, a.L, a.peers, a.weights,
+                          g.splits, g.rule));
     return MEGAMOE_OK;
 }
 

@@ -40,7 +40,7 @@
 #define WS_THREADS 384
 /* Tokens per block, the wgmma N (template NTOK): 128 (two 64-token tiles of the list: GEMM_WS) or
  * 64 (one tile: GEMM_WS64, for 16-64 tokens per expert, where the weights' bandwidth bounds). */
-#define WS_LAG 2      /* K steps of token copies a producer thread keeps in flight before signalling */
+#define WS_LAG 2 /* K steps of token copies a producer thread keeps in flight before signalling */
 /* Registers: 168 per thread at launch (384 x 168 = 63K of the SM's 64K), then 40 for the producer and
  * 232 for the consumers (128 x 40 + 256 x 232, the same 63K). At 216 for the consumers (a launch at
  * 160) ptxas serializes the wgmma (C7512). */
@@ -50,13 +50,12 @@ static_assert(MM_TILE_TOKENS == 64, "a block takes one or two tiles of the tile 
 static_assert(MM_WS_ROWS == 2 * MM_SLAB_GROUPS * 16, "two slabs per block (gemm_plan.h)");
 static_assert(MM_WS_ROWS == 256, "staged_epilogue's row blocks");
 
-template <bool NVFP4, int NTOK>
-struct ws_cfg {
-    static constexpr int tok_bytes = NTOK * BK * 2;                      /* 16 / 8 KB of 16-bit tokens per step */
-    static constexpr int slab_bytes = NVFP4 ? 4096 + 512 : 16384;        /* a slab's step: codes + scales | bf16 */
+template <bool NVFP4, int NTOK> struct ws_cfg {
+    static constexpr int tok_bytes = NTOK * BK * 2;               /* 16 / 8 KB of 16-bit tokens per step */
+    static constexpr int slab_bytes = NVFP4 ? 4096 + 512 : 16384; /* a slab's step: codes + scales | bf16 */
     static constexpr int stage_bytes = tok_bytes + 2 * slab_bytes;
     static constexpr int stages = NVFP4 ? (NTOK == 128 ? 6 : 8) : (NTOK == 128 ? 4 : 5);
-    static constexpr int smem = stages * stage_bytes + 1024;             /* + alignment to 1024 (swizzle) */
+    static constexpr int smem = stages * stage_bytes + 1024; /* + alignment to 1024 (swizzle) */
     static_assert(stage_bytes % 1024 == 0, "each stage's token tile 1024-byte aligned");
     static_assert(WS_LAG <= stages - 2, "the producer must signal a stage before it waits for a later one");
 };
@@ -66,18 +65,16 @@ struct ws_cfg {
  * other phases 64 columns a pass, in one or two passes (down's f32 columns are 1 KB each: 128 of them
  * would leave the ring three stages; BF16's ring leaves no more room). BF16 down walks (NCCL) with
  * scattered stores: its ring leaves no room for a tile. The one-item form stages in the ring. */
-template <int PHASE, bool NVFP4, bool LOOP>
-constexpr bool ws_own_tile() {
+template <int PHASE, bool NVFP4, bool LOOP> constexpr bool ws_own_tile() {
     return LOOP && (NVFP4 || PHASE == PHASE_GATE_UP);
 }
-template <int PHASE, bool NVFP4>
-constexpr int ws_tile_cols(int ntok) {
+template <int PHASE, bool NVFP4> constexpr int ws_tile_cols(int ntok) {
     return PHASE == PHASE_GATE_UP && NVFP4 ? ntok : 64;
 }
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
-constexpr int ws_smem() {
-    return ws_cfg<NVFP4, NTOK>::smem +
-           (ws_own_tile<PHASE, NVFP4, LOOP>() ? ws_tile_cols<PHASE, NVFP4>(NTOK) * epi_stage_row<PHASE>() : 0);
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP> constexpr int ws_smem() {
+    return ws_cfg<NVFP4, NTOK>::smem + (ws_own_tile<PHASE, NVFP4, LOOP>()
+                                            ? ws_tile_cols<PHASE, NVFP4>(NTOK) * epi_stage_row<PHASE>()
+                                            : 0);
 }
 static_assert(ws_smem<PHASE_DOWN, true, 128, true>() + 4096 <= 227 * 1024, "the walking down's tile fits");
 static_assert(ws_smem<PHASE_GATE_UP, false, 128, true>() + 4096 <= 227 * 1024 &&
@@ -87,15 +84,16 @@ static_assert(ws_smem<PHASE_GATE_UP, false, 128, true>() + 4096 <= 227 * 1024 &&
 /* A position in the stage ring: stage s, the parity of its current use, and whether the ring has
  * wrapped once (a producer waits for a stage's release only from its second use on). Carried step by
  * step, so no step divides by the stage count (a walking block's step count is a runtime value). */
-template <int STAGES>
-struct ws_ring_pos {
+template <int STAGES> struct ws_ring_pos {
     int s = 0;
     uint32_t ph = 0;
     bool lapped = false;
     __device__ __forceinline__ void next() {
         if (++s == STAGES) s = 0, ph ^= 1u, lapped = true;
     }
-    __device__ __forceinline__ int back(int d) const { return s >= d ? s - d : s - d + STAGES; } /* d <= STAGES */
+    __device__ __forceinline__ int back(int d) const {
+        return s >= d ? s - d : s - d + STAGES;
+    } /* d <= STAGES */
 };
 
 /* A work item: one row block of 256 x one NTOK-token block of an expert. */
@@ -106,8 +104,8 @@ struct ws_item {
 /* Item `item` of a rank (ws_item_place's order, gemm_plan.h). NTOK 128: the block of an expert's
  * even tile takes the odd one after it (128 tokens from `start`); odd tiles are empty items. */
 template <int NTOK>
-__device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const uint8_t *mine, int item, int nrb,
-                                             int tiles, int num_tiles) {
+__device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const uint8_t *mine, int item,
+                                             int nrb, int tiles, int num_tiles) {
     int tile, rb;
     ws_item_place(item, nrb, tiles, &tile, &rb);
     ws_item it = {rb, 0, 0, 0};
@@ -130,8 +128,7 @@ __device__ __forceinline__ ws_item ws_decode(const mm_buffer_layout &L, const ui
 
 /* Column i of item it (i < NTOK) into buffer buf: its slot code and, NVFP4 gate/up, its token's
  * activation scale. LOOP: the producer writes each item's; else the block's only item, the kernel. */
-template <int PHASE, bool NVFP4, int NTOK, int NBUF>
-struct ws_fill_column {
+template <int PHASE, bool NVFP4, int NTOK, int NBUF> struct ws_fill_column {
     int (&col_code)[NBUF][NTOK];
     const mm_dev_shape &sh;
     const mm_buffer_layout &L;
@@ -142,7 +139,8 @@ struct ws_fill_column {
     float (&col_scale)[NBUF][NTOK];
     __device__ void operator()(const ws_item &it, int i, int buf) const {
         slot_info si;
-        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, gth, me, it.first, it.ncols, i, &si, &col_scale[buf][i]);
+        col_code[buf][i] = tile_column<PHASE, NVFP4>(sh, L, peers, mine, gth, me, it.first, it.ncols, i, &si,
+                                                     &col_scale[buf][i]);
     }
 };
 
@@ -151,8 +149,7 @@ struct ws_fill_column {
 /* LOOP: thread 0 takes the next non-empty item for buffer n & 1 once the consumers let the buffer
  * go; at the end the ring's next stage completes with no bytes (item -1), which is how the consumers
  * learn it. */
-template <int NTOK, int STAGES, int NBUF>
-struct ws_producer_next {
+template <int NTOK, int STAGES, int NBUF> struct ws_producer_next {
     const int &n;
     uint64_t (&colfree)[NBUF];
     const int &t;
@@ -200,8 +197,7 @@ struct ws_producer_next {
 
 /* One item's K steps into the ring: each stage's two slabs of weights (and the token tile by TMA)
  * by thread 0's bulk copies, or token t's row by thread t's cp.async, signalled WS_LAG steps later. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
-struct ws_producer_item {
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP> struct ws_producer_item {
     using C = ws_cfg<NVFP4, NTOK>;
     static constexpr int NBUF = LOOP ? 2 : 1;
     const int &n, &t;
@@ -229,7 +225,8 @@ struct ws_producer_item {
         const int code = t < NTOK && !tma ? col_code[buf][t] : -1;
         const uint16_t *row = NULL;
         if (code >= 0) {
-            if (PHASE == PHASE_DOWN) row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
+            if (PHASE == PHASE_DOWN)
+                row = (const uint16_t *)(mine + L.act) + (size_t)(it.first + t) * sh.I;
             else {
                 const slot_info si = gate_up_source(sh, gth, me, code, it.first + t);
                 row = (const uint16_t *)(peers[si.src] + gate_up_rows(sh, L, gth)) + (size_t)si.token * sh.H;
@@ -254,7 +251,8 @@ struct ws_producer_item {
                 if (tma) mm_tma_load_2d(st, &tok_map, kc * BK, it.first, &full[s]);
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    const size_t unit = (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
+                    const size_t unit =
+                        (size_t)((slab0 + j) * nkc + kc) * MM_SLAB_GROUPS; /* mm_layout_unit */
                     uint8_t *dst = st + C::tok_bytes + j * C::slab_bytes;
                     if (NVFP4) {
                         mm_bulk_copy(dst, wsrc0 + unit * 512, 4096, &full[s]);
@@ -294,8 +292,7 @@ struct ws_producer_item {
 /* ---- consumers: two warpgroups, a slab each, the wgmma over each stage's token tile ------------ */
 
 /* LOOP: the next item, once the producer completed its first stage (or -1 there: the end). */
-template <int NTOK, int STAGES, int NBUF>
-struct ws_consumer_next {
+template <int NTOK, int STAGES, int NBUF> struct ws_consumer_next {
     uint64_t (&full)[STAGES];
     ws_ring_pos<STAGES> &pos;
     int (&item_id)[NBUF];
@@ -312,8 +309,7 @@ struct ws_consumer_next {
 
 /* K step kc of consumer c: the stage's weights as A (NVFP4: decoded into registers a; BF16: read
  * by descriptor), the wgmma over its token tile; step kc - 1's registers (prev) and stage released. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
-struct ws_consumer_kstep {
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT> struct ws_consumer_kstep {
     using C = ws_cfg<NVFP4, NTOK>;
     static constexpr bool promote = bf16_promote<PHASE, NVFP4>();
     ws_ring_pos<C::stages> &pos; /* runs on across the block's items */
@@ -340,7 +336,8 @@ struct ws_consumer_kstep {
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) decode_a<NVFP4>(raw[q], k, a[q][k]);
+                for (int k = 0; k < 4; k++)
+                    decode_a<NVFP4>(raw[q], k, a[q][k]);
             wgmma_fence();
             /* The wgmma over tokens t0 .. t0 + N - 1: t0 rows of 128 B into the token tile (t0 x 8 in
              * the descriptor's 16 B units), at accumulator t0 / 2. */
@@ -350,7 +347,7 @@ struct ws_consumer_kstep {
 #pragma unroll
                     for (int q = 0; q < GROUPS_PER_WARP; q++)
                         wgmma_rs<decltype(n)::value, !NVFP4>(acc[q] + t0 / 2, a[q][k], db + t0 * 8 + 2 * k,
-                                                              kc > 0 || k > 0);
+                                                             kc > 0 || k > 0);
             };
             if constexpr (SPLIT) {
                 /* Tokens 0-63, then 64-95 and 96-127 where the item has them; each element's chain
@@ -364,17 +361,21 @@ struct ws_consumer_kstep {
         } else {
             /* The slab step in core-matrix order (weight_layout.h): m64 block q of k16 step k starts
              * at 8-row block 8 q of piece row (k, h = 0); LBO 2 KB (k half), SBO 128 B (8 rows). */
-            auto a_desc = [&](int q, int k) { return smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128); };
+            auto a_desc = [&](int q, int k) {
+                return smem_desc(slab + ((2 * k) * 16 + 8 * q) * 128, 2048, 128);
+            };
             if constexpr (promote) {
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {
                     wgmma_fence();
 #pragma unroll
-                    for (int k = 0; k < 4; k++) wgmma_ss_bf16<NTOK>(part, a_desc(q, k), db + 2 * k, k > 0);
+                    for (int k = 0; k < 4; k++)
+                        wgmma_ss_bf16<NTOK>(part, a_desc(q, k), db + 2 * k, k > 0);
                     wgmma_commit();
                     wgmma_wait<0>();
 #pragma unroll
-                    for (int i = 0; i < NTOK / 2; i++) acc[q][i] = mm_add(acc[q][i], part[i]);
+                    for (int i = 0; i < NTOK / 2; i++)
+                        acc[q][i] = mm_add(acc[q][i], part[i]);
                 }
             } else {
                 wgmma_fence();
@@ -385,7 +386,7 @@ struct ws_consumer_kstep {
                         wgmma_ss_bf16<NTOK>(acc[q], a_desc(q, k), db + 2 * k, kc > 0 || k > 0);
             }
         }
-        wgmma_commit(); /* (promote: an empty group, everything has retired) */
+        wgmma_commit();  /* (promote: an empty group, everything has retired) */
         wgmma_wait<1>(); /* step kc - 1 retired: its registers and its stage are free */
         if constexpr (NVFP4) keep_alive(prev);
         if (kc > 0 && lane == 0) mm_mbar_arrive(&empty[LOOP ? pos.back(1) : (kc - 1) % C::stages]);
@@ -395,21 +396,22 @@ struct ws_consumer_kstep {
 
 /* ---- epilogue: an item's accumulators out, staged in shared memory where there is room --------- */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP>
-__device__ __forceinline__ void ws_epilogue(const float (&acc)[GROUPS_PER_WARP][NTOK / 2], const mm_dev_shape &sh,
-                                            const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
-                                            const mm_dev_weights &W, const ws_item &it, int wgroup, int *col_code,
-                                            float *col_scale, int lane, uint8_t *smem, int c, int t) {
+__device__ __forceinline__ void
+ws_epilogue(const float (&acc)[GROUPS_PER_WARP][NTOK / 2], const mm_dev_shape &sh, const mm_buffer_layout &L,
+            uint8_t *const *peers, uint8_t *mine, const mm_dev_weights &W, const ws_item &it, int wgroup,
+            int *col_code, float *col_scale, int lane, uint8_t *smem, int c, int t) {
     using C = ws_cfg<NVFP4, NTOK>;
     if constexpr (!LOOP) {
         /* The block's only item: the producer issued nothing past it, so every stage has landed
          * and, once both consumer warpgroups' wgmma retired (named barrier 1 over their 256
          * threads), been read. Not with LOOP: its producer fills the ring with the next item's
          * steps during the epilogue. */
-        static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes, "the staged tile fits the ring");
+        static_assert(NTOK * epi_stage_row<PHASE>() <= C::stages * C::stage_bytes,
+                      "the staged tile fits the ring");
         static_assert(PHASE == PHASE_DOWN, "one item per block: down only (ws_instance_built)");
-        staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup,
-                                                       col_code, col_scale, lane, smem, it.rb, c * 128 + t,
-                                                       [] { mm_bar_sync<1, 256>(); });
+        staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
+                                                       wgroup, col_code, col_scale, lane, smem, it.rb,
+                                                       c * 128 + t, [] { mm_bar_sync<1, 256>(); });
         return;
     }
     uint8_t *const tile = smem + C::stages * C::stage_bytes;
@@ -417,13 +419,13 @@ __device__ __forceinline__ void ws_epilogue(const float (&acc)[GROUPS_PER_WARP][
         /* W4A16: the unrolled loop (the compact one is slower there); NVFP4 activations: the
          * compact one (their quantization unrolled does not fit beside the walk's state). */
         if (sh.bf16_act)
-            staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup,
-                                                           col_code, col_scale, lane, tile, it.rb, c * 128 + t,
-                                                           [] { mm_bar_sync<1, 256>(); });
+            staged_epilogue<PHASE, NVFP4, NTOK / 8, false>(acc, sh, L, peers, mine, W, it.e, it.first,
+                                                           it.ncols, wgroup, col_code, col_scale, lane, tile,
+                                                           it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
         else
-            staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, wgroup,
-                                                          col_code, col_scale, lane, tile, it.rb, c * 128 + t,
-                                                          [] { mm_bar_sync<1, 256>(); });
+            staged_epilogue<PHASE, NVFP4, NTOK / 8, true>(acc, sh, L, peers, mine, W, it.e, it.first,
+                                                          it.ncols, wgroup, col_code, col_scale, lane, tile,
+                                                          it.rb, c * 128 + t, [] { mm_bar_sync<1, 256>(); });
     } else if (ws_own_tile<PHASE, NVFP4, LOOP>() && (PHASE == PHASE_GATE_UP || sh.local_ranks == sh.R)) {
         /* 64 token columns a pass (n-tiles 8 h .. 8 h + 7 of the accumulators). Under NCCL down's
          * p rows go to other GPUs: scattered stores there, as before (bulk stores to a peer's
@@ -435,21 +437,21 @@ __device__ __forceinline__ void ws_epilogue(const float (&acc)[GROUPS_PER_WARP][
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                for (int i = 0; i < 32; i++) pass[q][i] = acc[q][32 * h + i];
+                for (int i = 0; i < 32; i++)
+                    pass[q][i] = acc[q][32 * h + i];
             staged_epilogue<PHASE, NVFP4, 8, false>(pass, sh, L, peers, mine, W, it.e, it.first + 64 * h,
                                                     min(64, it.ncols - 64 * h), wgroup, col_code + 64 * h,
                                                     col_scale + 64 * h, lane, tile, it.rb, c * 128 + t,
                                                     [] { mm_bar_sync<1, 256>(); });
         }
     } else
-        gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols, (it.ncols + 7) / 8,
-                                              wgroup, col_code, col_scale, lane);
+        gemm_epilogue<PHASE, NVFP4, NTOK / 8>(acc, sh, L, peers, mine, W, it.e, it.first, it.ncols,
+                                              (it.ncols + 7) / 8, wgroup, col_code, col_scale, lane);
 }
 
 /* One item of consumer c: its K steps into the accumulators, two A register sets in turn, then
  * the epilogue and (LOOP) the item's columns let go. */
-template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
-struct ws_consumer_item {
+template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT> struct ws_consumer_item {
     using C = ws_cfg<NVFP4, NTOK>;
     static constexpr int NBUF = LOOP ? 2 : 1;
     static constexpr bool promote = bf16_promote<PHASE, NVFP4>();
@@ -480,7 +482,8 @@ struct ws_consumer_item {
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                for (int i = 0; i < NTOK / 2; i++) acc[q][i] = 0.0f;
+                for (int i = 0; i < NTOK / 2; i++)
+                    acc[q][i] = 0.0f;
         /* Votes: ptxas must see the branches around the wgmma as uniform, or it serializes them
          * (C7520). */
         if constexpr (SPLIT) {
@@ -497,13 +500,15 @@ struct ws_consumer_item {
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int i = 48; i < 64; i++) acc[q][i] = 0.0f; /* columns the epilogue drops */
+                    for (int i = 48; i < 64; i++)
+                        acc[q][i] = 0.0f; /* columns the epilogue drops */
             }
             if (!past64) {
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int i = 32; i < 48; i++) acc[q][i] = 0.0f;
+                    for (int i = 32; i < 48; i++)
+                        acc[q][i] = 0.0f;
             }
         }
         if constexpr (NVFP4) {
@@ -511,9 +516,10 @@ struct ws_consumer_item {
             keep_alive(a1);
         }
         if (LOOP && lane == 0) mm_mbar_arrive(&empty[pos.back(1)]); /* the last step's stage */
-        const int buf = LOOP ? n & 1 : 0, wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
-        ws_epilogue<PHASE, NVFP4, NTOK, LOOP>(acc, sh, L, peers, mine, W, it, wgroup, col_code[buf], col_scale[buf], lane,
-                                              smem, c, t);
+        const int buf = LOOP ? n & 1 : 0,
+                  wgroup = (2 * it.rb + c) * MM_SLAB_GROUPS + 2 * w; /* within the expert's rows */
+        ws_epilogue<PHASE, NVFP4, NTOK, LOOP>(acc, sh, L, peers, mine, W, it, wgroup, col_code[buf],
+                                              col_scale[buf], lane, smem, c, t);
         if (LOOP) {
             __syncwarp();
             if (lane == 0) mm_mbar_arrive(&colfree[buf]);
@@ -532,12 +538,10 @@ struct ws_consumer_item {
  * scales are double-buffered, the producer writing an item's buffer once the consumers' epilogue of
  * the item two before has let it go (colfree). Blocks never wait for each other. */
 template <int PHASE, bool NVFP4, int NTOK, bool LOOP, bool SPLIT>
-__global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                       uint8_t *const *peers,
-                                                                       const mm_dev_weights *weights, int tiles,
-                                                                       gemm_rule rule,
-                                                                       const __grid_constant__ CUtensorMap tok_map,
-                                                                       int tok_tma) {
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    sm90_expert_ws_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                          const mm_dev_weights *weights, int tiles, gemm_rule rule,
+                          const __grid_constant__ CUtensorMap tok_map, int tok_tma) {
     using C = ws_cfg<NVFP4, NTOK>;
     constexpr int NBUF = LOOP ? 2 : 1;
     mm_wait_previous();
@@ -563,19 +567,21 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     }
     const long slots = global_slots(sh, L, peers);
     if (gemm_device_choice<PHASE, NVFP4>(rule, sh, slots, nkc).kernel != (NTOK == 128 ? GEMM_WS : GEMM_WS64))
-        return; /* another kernel has it */
+        return;                                                                  /* another kernel has it */
     if (NVFP4 && NTOK == 128 && (ws_split_n(slots, sh.E) != 0) != SPLIT) return; /* the other form has it */
 
     uint8_t *smem = ws_smem_raw + ((1024 - (mm_smem_u32(ws_smem_raw) & 1023)) & 1023); /* stays shared */
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-    const ws_fill_column<PHASE, NVFP4, NTOK, NBUF> fill_column = {col_code, sh, L, peers, mine, gth, me, col_scale};
+    const ws_fill_column<PHASE, NVFP4, NTOK, NBUF> fill_column = {col_code, sh,  L,  peers,
+                                                                  mine,     gth, me, col_scale};
     if (!LOOP && tid < NTOK) fill_column(only, tid, 0);
     if (tid == 0) {
         for (int s = 0; s < C::stages; s++) {
             mm_mbar_init(&full[s], 128 + 1); /* every producer thread, and thread 0's expect_tx */
             mm_mbar_init(&empty[s], 8);      /* one arrival per consumer warp */
         }
-        for (int b = 0; b < NBUF; b++) mm_mbar_init(&colfree[b], 8);
+        for (int b = 0; b < NBUF; b++)
+            mm_mbar_init(&colfree[b], 8);
         mm_mbar_init_fence();
     }
     __syncthreads();
@@ -584,7 +590,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
     /* LOOP: the blocks take the rank's items in order from a counter (an atomic per item, so the
      * items in flight stay consecutive and no block waits with work left); the last block to find
      * none left resets it and its companion for the next launch. */
-    int *const next_item = (int *)(mine + L.splitk_counters) + MM_WS_COUNTERS, *const finished = next_item + 1;
+    int *const next_item = (int *)(mine + L.splitk_counters) + MM_WS_COUNTERS, *const finished =
+                                                                                   next_item + 1;
     /* Runs role(item) over the block's non-empty items, counting them; next() gives each in turn,
      * ncols 0 at the end. */
     auto walk = [&](auto &&next, auto &&role) {
@@ -606,11 +613,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
         const uint8_t *wsf0 = PHASE == PHASE_GATE_UP ? W.w13_sf : W.w2_sf;
         const uint8_t *wbf0 = (const uint8_t *)(PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16);
         ws_ring_pos<C::stages> pos; /* runs on across the block's items */
-        const ws_producer_next<NTOK, C::stages, NBUF> next = {n,  colfree, t,       next_item, nitems, L,   mine,
-                                                              nrb, ntiles, item_id, pos,      empty,  full, finished};
-        walk(next, ws_producer_item<PHASE, NVFP4, NTOK, LOOP>{n, t, fill_column, tma, col_code, mine, L, sh, gth, me,
-                                                              peers, rows_total, nkc, pos, empty, smem, full, tok_map,
-                                                              wsrc0, wsf0, wbf0});
+        const ws_producer_next<NTOK, C::stages, NBUF> next = {
+            n, colfree, t, next_item, nitems, L, mine, nrb, ntiles, item_id, pos, empty, full, finished};
+        walk(next, ws_producer_item<PHASE, NVFP4, NTOK, LOOP>{
+                       n,          t,   fill_column, tma,   col_code, mine, L,       sh,    gth,  me,  peers,
+                       rows_total, nkc, pos,         empty, smem,     full, tok_map, wsrc0, wsf0, wbf0});
         return;
     }
 
@@ -625,33 +632,32 @@ __global__ void __launch_bounds__(WS_THREADS, 1) sm90_expert_ws_kernel(mm_dev_sh
      * the K loop); one of 128 tokens does, acc starting at zero per item (ptxas stack 0). */
     constexpr bool promote = bf16_promote<PHASE, NVFP4>();
     float part[promote ? NTOK / 2 : 1];
-    ws_ring_pos<C::stages> pos; /* runs on across the block's items */
+    ws_ring_pos<C::stages> pos;        /* runs on across the block's items */
     bool past64 = true, past96 = true; /* SPLIT: the item has tokens past 64 / 96 (warp-uniform) */
     const ws_consumer_next<NTOK, C::stages, NBUF> next = {full, pos, item_id, n, L, mine, nrb, ntiles};
-    const ws_consumer_kstep<PHASE, NVFP4, NTOK, LOOP, SPLIT> kstep = {pos,  full,   smem, c,    w,
-                                                                      lane, acc,    past64, past96, part, empty};
-    walk(next, ws_consumer_item<PHASE, NVFP4, NTOK, LOOP, SPLIT>{acc,       past64, past96, nkc,     kstep,  lane,
-                                                                 empty,     pos,    n,      c,       w,      sh,
-                                                                 L,         peers,  mine,   W,       col_code, col_scale,
-                                                                 smem,      t,      colfree});
+    const ws_consumer_kstep<PHASE, NVFP4, NTOK, LOOP, SPLIT> kstep = {pos, full,   smem,   c,    w,    lane,
+                                                                      acc, past64, past96, part, empty};
+    walk(next, ws_consumer_item<PHASE, NVFP4, NTOK, LOOP, SPLIT>{
+                   acc, past64, past96, nkc,  kstep, lane,     empty,     pos,  n, c,      w,
+                   sh,  L,      peers,  mine, W,     col_code, col_scale, smem, t, colfree});
 }
 
 /* The instance table (gemm_plan.h ws_instance: row = phase | nvfp4 << 1 | 128 tokens << 2 | walk << 3
  * | split_n << 4), read by the launch and the opt-in; a row the plan never produces (ws_instance_built:
  * gate/up one item per block, split_n outside the NVFP4 128-token form) holds no kernel. */
-using ws_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, gemm_rule,
-                              CUtensorMap, int);
+using ws_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int,
+                              gemm_rule, CUtensorMap, int);
 struct ws_row {
     ws_kernel_fn kernel;
     int smem; /* the ring (+ the walking form's own epilogue tile), aligned to 1024 */
 };
-template <int ROW>
-static constexpr ws_row ws_row_of() {
+template <int ROW> static constexpr ws_row ws_row_of() {
     constexpr int phase = ROW & 1, ntok = (ROW >> 2) & 1 ? 128 : 64;
     constexpr bool nvfp4 = (ROW >> 1) & 1, walk = (ROW >> 3) & 1, split_n = (ROW >> 4) & 1;
     static_assert(ws_instance(phase, nvfp4, ntok == 128, walk, split_n) == ROW, "the row's axes");
     if constexpr (ws_instance_built(phase, nvfp4, ntok == 128, walk, split_n))
-        return {sm90_expert_ws_kernel<phase, nvfp4, ntok, walk, split_n>, ws_smem<phase, nvfp4, ntok, walk>()};
+        return {sm90_expert_ws_kernel<phase, nvfp4, ntok, walk, split_n>,
+                ws_smem<phase, nvfp4, ntok, walk>()};
     else
         return {nullptr, 0};
 }
@@ -659,21 +665,26 @@ template <size_t... ROW>
 static constexpr std::array<ws_row, sizeof...(ROW)> ws_rows(std::index_sequence<ROW...>) {
     return {{ws_row_of<ROW>()...}};
 }
-static const std::array<ws_row, WS_INSTANCES> ws_instances = ws_rows(std::make_index_sequence<WS_INSTANCES>());
+static const std::array<ws_row, WS_INSTANCES> ws_instances =
+    ws_rows(std::make_index_sequence<WS_INSTANCES>());
 
 /* The token tiles' tensor map: a box is the ws kernel's token tile of one K step. */
-static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, uint64_t K, uint32_t box_rows) {
+static megamoe_status tile_map_16bit(CUtensorMap *m, void *base, uint64_t rows, uint64_t K,
+                                     uint32_t box_rows) {
     const CUresult r = mm_tile_map_16bit(m, base, rows, K, box_rows, CU_TENSOR_MAP_DATA_TYPE_UINT16);
     if (r == CUDA_ERROR_NOT_FOUND)
-        return mm_cuda_error(cudaErrorNotSupported, "cuTensorMapEncodeTiled (driver entry point)", __FILE__, __LINE__);
-    if (r != CUDA_SUCCESS) return mm_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
+        return mm_cuda_error(cudaErrorNotSupported, "cuTensorMapEncodeTiled (driver entry point)", __FILE__,
+                             __LINE__);
+    if (r != CUDA_SUCCESS)
+        return mm_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
     return MEGAMOE_OK;
 }
 
 megamoe_status sm90_expert_ws_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
     const mm_dev_shape &sh = a.sh;
     const int rows = gemm_phase_rows(g.phase, sh.H, sh.I);
-    if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0) return MEGAMOE_ERR_INVALID_ARGUMENT;
+    if (sh.H % (2 * BK) != 0 || sh.I % (2 * BK) != 0 || rows % MM_WS_ROWS != 0)
+        return MEGAMOE_ERR_INVALID_ARGUMENT;
     const ws_row &k = ws_instances[g.instance];
     if (!k.kernel) return sm90_expert_gemm_unbuilt(g);
     /* The token tile by TMA (the plan's tma): down's act (every slot of the rank), or gate/up's
@@ -683,12 +694,13 @@ megamoe_status sm90_expert_ws_launch(const gemm_launch &g, const mm_gemm_args &a
     if (g.tma) {
         const uint32_t ntok = g.kernel == GEMM_WS ? 128 : 64;
         const megamoe_status st =
-            g.phase == PHASE_DOWN ? tile_map_16bit(&map, a.base0 + a.L.act, (uint64_t)sh.R * sh.T_max * sh.K, sh.I, ntok)
-                                  : tile_map_16bit(&map, a.base0 + a.L.xg, (uint64_t)a.L.xg_rows, sh.H, ntok);
+            g.phase == PHASE_DOWN
+                ? tile_map_16bit(&map, a.base0 + a.L.act, (uint64_t)sh.R * sh.T_max * sh.K, sh.I, ntok)
+                : tile_map_16bit(&map, a.base0 + a.L.xg, (uint64_t)a.L.xg_rows, sh.H, ntok);
         if (st != MEGAMOE_OK) return st;
     }
-    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WS_THREADS, k.smem, s, sh, a.L, a.peers, a.weights, g.tiles, g.rule,
-                          map, g.tma));
+    MM_CUDA_TRY(mm_launch(k.kernel, gemm_grid(g), WS_THREADS, k.smem, s, sh, a.L, a.peers, a.weights, g.tiles,
+                          g.rule, map, g.tma));
     return MEGAMOE_OK;
 }
 

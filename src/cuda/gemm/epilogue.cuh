@@ -14,11 +14,11 @@
 
 /* v[0] <- v[1] <- ... <- v[N-1] <- v[0]: constant indices only, so a loop that is not unrolled can
  * walk an array that stays in registers (a run-time index would put it in local memory). */
-template <int N, class T>
-__device__ __forceinline__ void rotate_left(T (&v)[N]) {
+template <int N, class T> __device__ __forceinline__ void rotate_left(T (&v)[N]) {
     const T first = v[0];
 #pragma unroll
-    for (int k = 0; k + 1 < N; k++) v[k] = v[k + 1];
+    for (int k = 0; k + 1 < N; k++)
+        v[k] = v[k + 1];
     v[N - 1] = first;
 }
 
@@ -33,16 +33,15 @@ __device__ __forceinline__ void rotate_left(T (&v)[N]) {
  * intermediate indices row0..), for the block's bulk stores (staged_epilogue). */
 /* Bytes per staged column: down 256 f32, gate/up 128 16-bit values, + 16 B so that a warp's stores
  * (four columns 2 apart, 16 B each) fall on other banks. */
-template <int PHASE>
-constexpr int epi_stage_row() {
+template <int PHASE> constexpr int epi_stage_row() {
     return PHASE == PHASE_DOWN ? 256 * 4 + 16 : 128 * 2 + 16;
 }
 template <int PHASE, bool nvfp4, int NT = 8, bool COMPACT = false, bool STAGED = false>
-__device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
-                                              const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
-                                              const mm_dev_weights &W, int e, int first, int ncols, int ntiles_n,
-                                              int wgroup, const int *col_code, const float *col_scale, int lane,
-                                              uint8_t *stage = nullptr, int row0 = 0) {
+__device__ __forceinline__ void
+gemm_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh, const mm_buffer_layout &L,
+              uint8_t *const *peers, uint8_t *mine, const mm_dev_weights &W, int e, int first, int ncols,
+              int ntiles_n, int wgroup, const int *col_code, const float *col_scale, int lane,
+              uint8_t *stage = nullptr, int row0 = 0) {
     const int g = lane >> 2, c = lane & 3;
     /* The 2^-14 of each biased f16 decode: weights always, activations in gate/up. Exact. */
     const float unbias = !nvfp4 ? 1.0f : PHASE == PHASE_GATE_UP ? 268435456.0f : 16384.0f;
@@ -53,7 +52,7 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
          * row is decoded once for its four values (decoded per value, with a peer-table load each, it
          * costs ~80 instructions a value). */
         static_assert(GROUPS_PER_WARP == 2, "a column's four values: two groups, two rows each");
-        auto column = [&](int j, const float (&v)[GROUPS_PER_WARP * 2]) {
+        auto column = [&](int j, const float(&v)[GROUPS_PER_WARP * 2]) {
             const int col = (j >> 1) * 8 + 2 * c + (j & 1);
             if (col >= ncols) return;
             const float in_scale = sh.bf16_act ? col_scale[col] : a2; /* W4A16: the row's 2^e, else a2 */
@@ -82,13 +81,15 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
 #pragma unroll
                 for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-                    for (int r = 0; r < 2; r++) v[4 * j + 2 * q + r] = acc[q][(j >> 1) * 4 + 2 * r + (j & 1)];
+                    for (int r = 0; r < 2; r++)
+                        v[4 * j + 2 * q + r] = acc[q][(j >> 1) * 4 + 2 * r + (j & 1)];
 #pragma unroll 1
             for (int j = 0; j < 2 * NT; j++) { /* column j's values in v[0..3] */
                 const float cv[GROUPS_PER_WARP * 2] = {v[0], v[1], v[2], v[3]};
                 column(j, cv);
 #pragma unroll
-                for (int k = 0; k < GROUPS_PER_WARP * 2; k++) rotate_left(v);
+                for (int k = 0; k < GROUPS_PER_WARP * 2; k++)
+                    rotate_left(v);
             }
         } else {
 #pragma unroll
@@ -105,13 +106,14 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
     } else {
         /* Rows g (gate) and g+8 (up) of group q are intermediate index i = 8 * group + g. The warp's two
          * groups are one NVFP4 block of 16 indices of the down projection's input. */
-        const float alpha_g = nvfp4 ? W.w13_alpha[e * 2] : 1.0f, alpha_u = nvfp4 ? W.w13_alpha[e * 2 + 1] : 1.0f;
+        const float alpha_g = nvfp4 ? W.w13_alpha[e * 2] : 1.0f,
+                    alpha_u = nvfp4 ? W.w13_alpha[e * 2 + 1] : 1.0f;
         const float a2 = nvfp4 ? W.w2_in[e] : 1.0f, C = sh.clamp;
         const int i_base = wgroup * 8;
         uint16_t *act = (uint16_t *)(mine + L.act);
         /* Column col's gate and up values of both groups: SwiGLU, the NVFP4 block quantization (the
          * block's amax over the 8 lanes of the column), the stores. */
-        auto column = [&](int col, const float (&gate)[GROUPS_PER_WARP], const float (&up)[GROUPS_PER_WARP]) {
+        auto column = [&](int col, const float(&gate)[GROUPS_PER_WARP], const float(&up)[GROUPS_PER_WARP]) {
             const float s = col_scale[col];
             float a[GROUPS_PER_WARP];
             float amax = 0.0f;
@@ -130,25 +132,30 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
             }
             uint16_t out[GROUPS_PER_WARP];
             if (nvfp4 && !sh.bf16_act) {
-                for (int o = 4; o <= 16; o <<= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+                for (int o = 4; o <= 16; o <<= 1)
+                    amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
                 const float sf = mm_e4m3_to_f32(mm_e4m3_rn(mm_div(amax, mm_mul(a2, 6.0f))));
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                    const float v = sf == 0.0f ? 0.0f : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
+                    const float v =
+                        sf == 0.0f ? 0.0f : mm_e2m1_to_f32(mm_e2m1_rn(mm_div(a[q], mm_mul(sf, a2)))) * sf;
                     out[q] = to_f16_bits(v);
                 }
             } else { /* BF16, and W4A16 (sm90_act_f16 makes it f16 for the down GEMM) */
-                for (int q = 0; q < GROUPS_PER_WARP; q++) out[q] = mm_f32_to_bf16(a[q]);
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    out[q] = mm_f32_to_bf16(a[q]);
             }
             if (col < ncols)
                 for (int q = 0; q < GROUPS_PER_WARP; q++) {
                     if constexpr (STAGED)
-                        ((uint16_t *)(stage + col * epi_stage_row<PHASE>()))[i_base + q * 8 + g - row0] = out[q];
+                        ((uint16_t *)(stage + col * epi_stage_row<PHASE>()))[i_base + q * 8 + g - row0] =
+                            out[q];
                     else
                         act[(size_t)(first + col) * sh.I + i_base + q * 8 + g] = out[q];
                 }
         };
         if constexpr (COMPACT) {
-            /* (n-tile, half) pair j: gate values i = 4 (j >> 1) + (j & 1), up values i + 2, in gate[][0] / up[][0] */
+            /* (n-tile, half) pair j: gate values i = 4 (j >> 1) + (j & 1), up values i + 2, in gate[][0] /
+             * up[][0] */
             float gate[GROUPS_PER_WARP][2 * NT], up[GROUPS_PER_WARP][2 * NT];
 #pragma unroll
             for (int q = 0; q < GROUPS_PER_WARP; q++)
@@ -158,13 +165,16 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
                     up[q][j] = acc[q][(j >> 1) * 4 + 2 + (j & 1)];
                 }
 #pragma unroll 1
-            for (int j = 0; j < 2 * ntiles_n; j++) { /* column half j & 1: uniform across the column's 8 lanes */
+            for (int j = 0; j < 2 * ntiles_n;
+                 j++) { /* column half j & 1: uniform across the column's 8 lanes */
                 float g0[GROUPS_PER_WARP], u0[GROUPS_PER_WARP];
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) g0[q] = gate[q][0], u0[q] = up[q][0];
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    g0[q] = gate[q][0], u0[q] = up[q][0];
                 column((j >> 1) * 8 + 2 * c + (j & 1), g0, u0);
 #pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) rotate_left(gate[q]), rotate_left(up[q]);
+                for (int q = 0; q < GROUPS_PER_WARP; q++)
+                    rotate_left(gate[q]), rotate_left(up[q]);
             }
         } else {
 #pragma unroll
@@ -173,8 +183,10 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
                     float gate[GROUPS_PER_WARP], up[GROUPS_PER_WARP];
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) gate[q] = acc[q][nt * 4 + half], up[q] = acc[q][nt * 4 + 2 + half];
-                    column(nt * 8 + 2 * c + half, gate, up); /* uniform validity across the 8 lanes of a column */
+                    for (int q = 0; q < GROUPS_PER_WARP; q++)
+                        gate[q] = acc[q][nt * 4 + half], up[q] = acc[q][nt * 4 + 2 + half];
+                    column(nt * 8 + 2 * c + half, gate,
+                           up); /* uniform validity across the 8 lanes of a column */
                 }
             }
         }
@@ -190,15 +202,16 @@ __device__ __forceinline__ void gemm_epilogue(const float (&acc)[GROUPS_PER_WARP
  * (the scattered stores dominate the ws kernels' warp samples at prefill). sync: a barrier over the
  * threads that hold accumulators. */
 template <int PHASE, bool nvfp4, int NT, bool COMPACT, class Sync>
-__device__ __forceinline__ void staged_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
-                                                const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine,
-                                                const mm_dev_weights &W, int e, int first, int ncols, int wgroup,
-                                                const int *col_code, const float *col_scale, int lane,
-                                                uint8_t *stage, int rb, int ct, Sync sync) {
+__device__ __forceinline__ void
+staged_epilogue(const float (&acc)[GROUPS_PER_WARP][NT * 4], const mm_dev_shape &sh,
+                const mm_buffer_layout &L, uint8_t *const *peers, uint8_t *mine, const mm_dev_weights &W,
+                int e, int first, int ncols, int wgroup, const int *col_code, const float *col_scale,
+                int lane, uint8_t *stage, int rb, int ct, Sync sync) {
     const int row0 = PHASE == PHASE_DOWN ? rb * 256 : rb * 128;
     sync();
-    gemm_epilogue<PHASE, nvfp4, NT, COMPACT, true>(acc, sh, L, peers, mine, W, e, first, ncols, (ncols + 7) / 8,
-                                                   wgroup, col_code, col_scale, lane, stage, row0);
+    gemm_epilogue<PHASE, nvfp4, NT, COMPACT, true>(acc, sh, L, peers, mine, W, e, first, ncols,
+                                                   (ncols + 7) / 8, wgroup, col_code, col_scale, lane, stage,
+                                                   row0);
     mm_fence_proxy_async(); /* this thread's rows, for the bulk stores */
     sync();
     if (ct >= ncols) return;
