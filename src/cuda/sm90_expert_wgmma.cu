@@ -45,41 +45,119 @@ static_assert(MM_TILE_TOKENS * epi_stage_row<PHASE_DOWN>() <= wgmma_smem_bytes(t
                   MM_TILE_TOKENS * epi_stage_row<PHASE_DOWN>() <= wgmma_smem_bytes(false),
               "the staged tile fits the rings");
 
-/* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split.
- * LOOP: the NCCL instantiation, whose blocks walk the tiles from blockIdx.x on, gridDim.x apart (the
- * host caps the grid: its tile bound is sized for every rank at T_max); one process launches a block
- * per tile of its exact bound and takes the one-tile form (the loop's state costs the split form
- * spills at 128 registers). */
-template <int PHASE, bool NVFP4, bool SPLIT, bool LOOP>
-__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_NVFP4_BLOCKS : 1)
-    sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
-                             const mm_dev_weights *weights, int grid_splits, gemm_rule rule) {
-    mm_wait_previous();
-    extern __shared__ __align__(128) uint8_t smem[];
-    __shared__ int col_code[MM_TILE_TOKENS], col_src[MM_TILE_TOKENS], col_token[MM_TILE_TOKENS];
-    __shared__ float col_scale[MM_TILE_TOKENS];
-    constexpr bool nvfp4 = NVFP4;
+/* The kernel in parts: a tile (its token rows, K loop and epilogue), its copies of one K step, and
+ * one K step's wgmma, each run as the kernel's own code. Each part takes the kernel's variables it
+ * reads by reference, as a lambda of the kernel would. NOTE: in the order the kernel's lambdas
+ * captured them (their first use), which keeps every instruction of the 12 instances what it was when
+ * the parts were lambdas of one 185-line kernel (dev/sass_diff.sh); another order is as correct. */
 
-    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits;
-    uint8_t *mine = peers[r];
-    const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
-    if ((int)blockIdx.x >= num_tiles) return;
-    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
-    const long slots = global_slots(sh, L, peers);
-    if (gemm_device_choice<PHASE, nvfp4>(rule, sh, slots, nkc).kernel != GEMM_WGMMA)
-        return; /* another kernel has it */
-    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
-    /* Split-K: this block sums K steps [kc0, kc1); the last of the splits adds the partial sums in
-     * split order (deterministic) and runs the epilogue. */
-    const splitk_plan wplan = plan_wgmma_splits(slots, sh.E, rows_total / WG_ROWS, nkc);
-    const int splits = SPLIT && nvfp4 ? wplan.splits : 1;
-    if (split >= splits) return; /* NCCL: the host launched the most its own count may plan */
-    const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const mm_dev_weights W = weights[r - sh.first_rank];
-    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+/* Issues the copies of K step kc (none past kc1): each warp its weight fragments, every thread its
+ * two 16-byte pieces of the token tile. */
+struct wgmma_issue {
+    const int &kc1;
+    uint8_t *const &aring;
+    const uint8_t *const &codes, *const &sfs;
+    const uint16_t *const &wb;
+    const size_t &group0;
+    const int &nkc, &lane;
+    uint8_t *const &bring;
+    const uint16_t *const (&bsrc)[2];
+    const int (&boff)[2];
+    template <bool NVFP4> __device__ void run(int kc) const {
+        if (kc < kc1) {
+            issue_a<WG_STAGES, NVFP4>(aring, codes, sfs, wb, group0, kc, kc1, nkc, lane);
+            uint8_t *slot = bring + (kc % WG_STAGES) * B_SLOT;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (bsrc[h]) cp_async16(slot + boff[h], bsrc[h] + (size_t)kc * BK);
+        }
+        cp_async_commit();
+    }
+};
 
-    auto one_tile = [&](int tile) {
+/* One K step. The A registers are read by the wgmma asynchronously: those of step kc - 1 (prev)
+ * stay untouched, and live for the compiler, until wait_group 1 has retired that step; so the loop
+ * alternates two register sets. nw: the instruction N. */
+template <int PHASE, bool NVFP4> struct wgmma_step {
+    static constexpr bool promote = bf16_promote<PHASE, NVFP4>();
+    const wgmma_issue &issue;
+    uint8_t *const &aring;
+    const int &lane;
+    uint8_t *const &bring;
+    float (&part)[promote ? 32 : 1];
+    float (&acc)[GROUPS_PER_WARP][32];
+    const int &kc0;
+    template <class NW> __device__ void operator()(int kc, a_regs &a, a_regs &prev, NW nw) const {
+        cp_async_wait<WG_STAGES - 3>(); /* this thread's copies of step kc */
+        mm_fence_proxy_async();         /* visible to the wgmma (async proxy) */
+        __syncthreads(); /* everyone's copies landed; the wgmma of step kc - 2 retired in every warp */
+        issue.run<NVFP4>(kc + WG_STAGES - 2); /* into the slot of step kc - 2 */
+        a_raw<NVFP4> cur[GROUPS_PER_WARP];
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+            ring_read<WG_STAGES, NVFP4>(cur[q], aring, kc, q, lane);
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                decode_a<NVFP4>(cur[q], s, a[q][s]);
+        const uint8_t *bslot = bring + (kc % WG_STAGES) * B_SLOT;
+        /* k16 step s: K core-matrix columns 2s, 2s + 1 */
+        auto db_at = [&](int s) {
+            return smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
+        };
+        if constexpr (promote) {
+            /* A group's four k16 steps into part, added into acc once retired; the groups in turn. Every
+             * wgmma has retired at the end, so neither A register set needs keeping (with both kept
+             * and a part per group: 254 registers, a block too large to run beside test_gpu's occupier).
+             */
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                wgmma_fence();
+#pragma unroll
+                for (int s = 0; s < 4; s++)
+                    wgmma_rs<64, !NVFP4>(part, a[q][s], db_at(s), s > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 32; i++)
+                    acc[q][i] = mm_add(acc[q][i], part[i]);
+            }
+        } else {
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const uint64_t db = db_at(s);
+#pragma unroll
+                for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                    wgmma_rs<decltype(nw)::value, !NVFP4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait<1>();
+            keep_alive(prev);
+        }
+    }
+};
+
+/* One token tile of the block: its columns and rows, the K loop over [kc0, kc1), split-K, epilogue. */
+template <int PHASE, bool NVFP4, bool SPLIT, bool LOOP> struct wgmma_tile {
+    const mm_buffer_layout &L;
+    uint8_t *const &mine;
+    uint8_t *smem;
+    const int &warp, &tid;
+    const mm_dev_shape &sh;
+    uint8_t *const *const &peers;
+    const bool &gth;
+    const int &r;
+    int *col_code, *col_src, *col_token;
+    float *col_scale;
+    const mm_dev_weights &W;
+    const int &groups_per_expert, &kc1, &nkc, &lane, &kc0, &splits;
+    const splitk_plan &wplan;
+    const int &split;
+    __device__ void operator()(int tile) const {
+        constexpr bool nvfp4 = NVFP4;
         const tile_info ti = load_tile(L, mine, tile);
         const int e = ti.e, first = ti.first, ncols = ti.ncols, ntiles_n = (ncols + 7) / 8;
 
@@ -115,17 +193,7 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_NVFP4_BLOCKS : 1)
         const uint16_t *wb = PHASE == PHASE_GATE_UP ? W.w13_bf16 : W.w2_bf16;
         const int wgroup = blockIdx.y * (WG_ROWS / 16) + warp * GROUPS_PER_WARP; /* within the expert */
         const size_t group0 = (size_t)e * groups_per_expert + wgroup;
-
-        auto issue = [&](int kc) {
-            if (kc < kc1) {
-                issue_a<WG_STAGES, nvfp4>(aring, codes, sfs, wb, group0, kc, kc1, nkc, lane);
-                uint8_t *slot = bring + (kc % WG_STAGES) * B_SLOT;
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    if (bsrc[h]) cp_async16(slot + boff[h], bsrc[h] + (size_t)kc * BK);
-            }
-            cp_async_commit();
-        };
+        const wgmma_issue issue = {kc1, aring, codes, sfs, wb, group0, nkc, lane, bring, bsrc, boff};
 
         float acc[GROUPS_PER_WARP][32]; /* the first k16 step writes them (accumulate = 0) */
         /* BF16 gate/up (bf16_promote): each step's wgmma chain goes into part, added into acc in f32 once
@@ -139,65 +207,11 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_NVFP4_BLOCKS : 1)
 #pragma unroll
                 for (int i = 0; i < 32; i++)
                     acc[q][i] = 0.0f;
-
-        /* One K step. The A registers are read by the wgmma asynchronously: those of step kc - 1
-         * (prev) stay untouched, and live for the compiler, until wait_group 1 has retired that step;
-         * so the loop alternates two register sets. */
-        auto step = [&](int kc, a_regs &a, a_regs &prev, auto nw) {
-            cp_async_wait<WG_STAGES - 3>(); /* this thread's copies of step kc */
-            mm_fence_proxy_async();         /* visible to the wgmma (async proxy) */
-            __syncthreads(); /* everyone's copies landed; the wgmma of step kc - 2 retired in every warp */
-            issue(kc + WG_STAGES - 2); /* into the slot of step kc - 2 */
-            a_raw<nvfp4> cur[GROUPS_PER_WARP];
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-                ring_read<WG_STAGES, nvfp4>(cur[q], aring, kc, q, lane);
-#pragma unroll
-            for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                for (int s = 0; s < 4; s++)
-                    decode_a<nvfp4>(cur[q], s, a[q][s]);
-            const uint8_t *bslot = bring + (kc % WG_STAGES) * B_SLOT;
-            /* k16 step s: K core-matrix columns 2s, 2s + 1 */
-            auto db_at = [&](int s) {
-                return smem_desc(bslot + 2 * s * (MM_TILE_TOKENS * 16), MM_TILE_TOKENS * 16, 128);
-            };
-            if constexpr (promote) {
-                /* A group's four k16 steps into part, added into acc once retired; the groups in turn. Every
-                 * wgmma has retired at the end, so neither A register set needs keeping (with both kept
-                 * and a part per group: 254 registers, a block too large to run beside test_gpu's occupier).
-                 */
-#pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                    wgmma_fence();
-#pragma unroll
-                    for (int s = 0; s < 4; s++)
-                        wgmma_rs<64, !nvfp4>(part, a[q][s], db_at(s), s > 0);
-                    wgmma_commit();
-                    wgmma_wait<0>();
-#pragma unroll
-                    for (int i = 0; i < 32; i++)
-                        acc[q][i] = mm_add(acc[q][i], part[i]);
-                }
-            } else {
-                wgmma_fence();
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    const uint64_t db = db_at(s);
-#pragma unroll
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                        wgmma_rs<decltype(nw)::value, !nvfp4>(acc[q], a[q][s], db, kc > kc0 || s > 0);
-                    }
-                }
-                wgmma_commit();
-                wgmma_wait<1>();
-                keep_alive(prev);
-            }
-        };
+        const wgmma_step<PHASE, NVFP4> step = {issue, aring, lane, bring, part, acc, kc0};
         a_regs a0, a1;
 #pragma unroll
         for (int st = 0; st < WG_STAGES - 2; st++)
-            issue(kc0 + st);
+            issue.run<nvfp4>(kc0 + st);
         auto k_loop = [&](auto nw) {
             int kc = kc0;
             for (; kc + 1 < kc1; kc += 2) {
@@ -244,7 +258,49 @@ __global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_NVFP4_BLOCKS : 1)
         }
         gemm_epilogue<PHASE, nvfp4>(acc, sh, L, peers, mine, W, e, first, ncols, ntiles_n, wgroup, col_code,
                                     col_scale, lane);
-    };
+    }
+};
+
+/* SPLIT: the NVFP4 split-K instantiation (plan_wgmma_splits), blockIdx.z = rank x grid_splits + split.
+ * LOOP: the NCCL instantiation, whose blocks walk the tiles from blockIdx.x on, gridDim.x apart (the
+ * host caps the grid: its tile bound is sized for every rank at T_max); one process launches a block
+ * per tile of its exact bound and takes the one-tile form (the loop's state costs the split form
+ * spills at 128 registers). */
+template <int PHASE, bool NVFP4, bool SPLIT, bool LOOP>
+__global__ void __launch_bounds__(WG_THREADS, NVFP4 ? MM_WGMMA_NVFP4_BLOCKS : 1)
+    sm90_expert_wgmma_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                             const mm_dev_weights *weights, int grid_splits, gemm_rule rule) {
+    mm_wait_previous();
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ int col_code[MM_TILE_TOKENS], col_src[MM_TILE_TOKENS], col_token[MM_TILE_TOKENS];
+    __shared__ float col_scale[MM_TILE_TOKENS];
+    constexpr bool nvfp4 = NVFP4;
+
+    const int r = sh.first_rank + (int)blockIdx.z / grid_splits, split = blockIdx.z % grid_splits;
+    uint8_t *mine = peers[r];
+    const int num_tiles = *(const int32_t *)(mine + L.num_tiles);
+    if ((int)blockIdx.x >= num_tiles) return;
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, nkc = Kdim / BK;
+    const long slots = global_slots(sh, L, peers);
+    if (gemm_device_choice<PHASE, nvfp4>(rule, sh, slots, nkc).kernel != GEMM_WGMMA)
+        return; /* another kernel has it */
+    const int rows_total = PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H, groups_per_expert = rows_total / 16;
+    /* Split-K: this block sums K steps [kc0, kc1); the last of the splits adds the partial sums in
+     * split order (deterministic) and runs the epilogue. */
+    const splitk_plan wplan = plan_wgmma_splits(slots, sh.E, rows_total / WG_ROWS, nkc);
+    const int splits = SPLIT && nvfp4 ? wplan.splits : 1;
+    if (split >= splits) return; /* NCCL: the host launched the most its own count may plan */
+    const int kc0 = split * nkc / splits, kc1 = (split + 1) * nkc / splits;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const mm_dev_weights W = weights[r - sh.first_rank];
+    const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
+
+    const wgmma_tile<PHASE, NVFP4, SPLIT, LOOP> one_tile = {
+        L,       mine,      smem,      warp, tid,
+        sh,      peers,     gth,       r,    col_code,
+        col_src, col_token, col_scale, W,    groups_per_expert,
+        kc1,     nkc,       lane,      kc0,  splits,
+        wplan,   split};
     if constexpr (LOOP) {
         for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
             if (tile != (int)blockIdx.x)
