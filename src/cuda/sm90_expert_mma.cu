@@ -83,6 +83,71 @@ __device__ __forceinline__ void store_b(const b_raw &r, int ncols, uint16_t *bs,
     }
 }
 
+/* K step kc of one warp: its A fragments (NVFP4: from the cp.async ring, the copies of step
+ * kc + STAGES - 1 issued; BF16: prefetched in nxt one step ahead), then the mma.sync over the tile's
+ * n-tiles of 8 tokens into acc, B from the chunk of staged activations Bs[buf] that began at step kb.
+ * NOTE: its arrays (cur, part, a) are the kernel's, declared where this code was: that keeps the order
+ * of the kernel's local arrays, and with it every instruction of the 8 instances, what it was with the
+ * step written in the kernel (dev/sass_diff.sh). */
+template <int PHASE, bool nvfp4>
+__device__ __forceinline__ void
+mma_kstep(float (&acc)[GROUPS_PER_WARP][32], a_raw<nvfp4> (&nxt)[GROUPS_PER_WARP],
+          a_raw<nvfp4> (&cur)[GROUPS_PER_WARP],
+          float (&part)[GROUPS_PER_WARP][bf16_promote<PHASE, nvfp4>() ? 32 : 1],
+          uint32_t (&a)[GROUPS_PER_WARP][4], uint8_t *ring, const uint8_t *codes, const uint8_t *sfs,
+          const uint16_t *wb, size_t group0, int kc, int kc1, int nkc, int lane, const uint16_t *Bs, int buf,
+          int kb, int ldb, int ntiles_n, int g, int c) {
+    if constexpr (nvfp4) {
+        __syncwarp(); /* every lane is done with the slot the next copies overwrite */
+        issue_a<STAGES, true>(ring, codes, sfs, wb, group0, kc + STAGES - 1, kc1, nkc, lane);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
+        __syncwarp();                /* and so have the other lanes' */
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+            ring_read<STAGES, true>(cur[q], ring, kc, q, lane);
+    } else {
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+            cur[q] = nxt[q];
+        if (kc + 1 < kc1)
+#pragma unroll
+            for (int q = 0; q < GROUPS_PER_WARP; q++)
+                load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
+    }
+    const uint16_t *bs = Bs + buf * (BN * LDB) + (kc - kb) * BK;
+    /* BF16 gate/up: the step's sums in part, added into acc in f32 (bf16_promote) */
+    constexpr bool promote = bf16_promote<PHASE, nvfp4>();
+    if constexpr (promote)
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                part[q][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < BK / 16; s++) {
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+            decode_a<nvfp4>(cur[q], s, a[q]);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            if (nt >= ntiles_n) break;
+            const uint16_t *brow = bs + (nt * 8 + g) * ldb + 16 * s + 2 * c;
+            const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
+            for (int q = 0; q < GROUPS_PER_WARP; q++) {
+                float *d = &acc[q][nt * 4];
+                if constexpr (promote) d = &part[q][nt * 4];
+                mma_m16n8k16<!nvfp4>(d, a[q], b0, b1);
+            }
+        }
+    }
+    if constexpr (promote)
+#pragma unroll
+        for (int q = 0; q < GROUPS_PER_WARP; q++)
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                acc[q][i] = mm_add(acc[q][i], part[q][i]);
+}
+
 /* SPLIT: the split-K instantiation (plan_splitk), blockIdx.z = rank x grid_splits + split; the plain
  * one keeps its registers. */
 template <int PHASE, bool NVFP4, bool SPLIT>
@@ -168,57 +233,10 @@ __global__ void __launch_bounds__(WARPS * 32)
                           kc1 * BK, shift);
         for (int kc = kb; kc < kb_end; kc++) {
             a_raw<nvfp4> cur[GROUPS_PER_WARP];
-            if constexpr (nvfp4) {
-                __syncwarp(); /* every lane is done with the slot the next copies overwrite */
-                issue_a<STAGES, true>(ring, codes, sfs, wb, group0, kc + STAGES - 1, kc1, nkc, lane);
-                cp_async_commit();
-                cp_async_wait<STAGES - 1>(); /* this lane's copies of step kc have landed */
-                __syncwarp();                /* and so have the other lanes' */
-#pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-                    ring_read<STAGES, true>(cur[q], ring, kc, q, lane);
-            } else {
-#pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-                    cur[q] = nxt[q];
-                if (kc + 1 < kc1)
-#pragma unroll
-                    for (int q = 0; q < GROUPS_PER_WARP; q++)
-                        load_a<nvfp4>(nxt[q], codes, sfs, wb, group0 + q, kc + 1, nkc, lane);
-            }
-            const uint16_t *bs = Bs + buf * (BN * LDB) + (kc - kb) * BK;
-            /* BF16 gate/up: the step's sums in part, added into acc in f32 (bf16_promote) */
-            constexpr bool promote = bf16_promote<PHASE, nvfp4>();
-            float part[GROUPS_PER_WARP][promote ? 32 : 1];
-            if constexpr (promote)
-#pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                    for (int i = 0; i < 32; i++)
-                        part[q][i] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < BK / 16; s++) {
-                uint32_t a[GROUPS_PER_WARP][4];
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-                    decode_a<nvfp4>(cur[q], s, a[q]);
-#pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    if (nt >= ntiles_n) break;
-                    const uint16_t *brow = bs + (nt * 8 + g) * ldb + 16 * s + 2 * c;
-                    const uint32_t b0 = *(const uint32_t *)brow, b1 = *(const uint32_t *)(brow + 8);
-                    for (int q = 0; q < GROUPS_PER_WARP; q++) {
-                        float *d = &acc[q][nt * 4];
-                        if constexpr (promote) d = &part[q][nt * 4];
-                        mma_m16n8k16<!nvfp4>(d, a[q], b0, b1);
-                    }
-                }
-            }
-            if constexpr (promote)
-#pragma unroll
-                for (int q = 0; q < GROUPS_PER_WARP; q++)
-#pragma unroll
-                    for (int i = 0; i < 32; i++)
-                        acc[q][i] = mm_add(acc[q][i], part[q][i]);
+            float part[GROUPS_PER_WARP][bf16_promote<PHASE, nvfp4>() ? 32 : 1];
+            uint32_t a[GROUPS_PER_WARP][4];
+            mma_kstep<PHASE, nvfp4>(acc, nxt, cur, part, a, ring, codes, sfs, wb, group0, kc, kc1, nkc, lane,
+                                    Bs, buf, kb, ldb, ntiles_n, g, c);
         }
         if (kb_end < kc1) store_b(br, ncols, Bs + (buf ^ 1) * (BN * LDB), ldb, shift, (kc1 - kb_end) * BK);
         __syncthreads();
