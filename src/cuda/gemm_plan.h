@@ -21,8 +21,8 @@
 #ifdef __CUDACC__
 #define MM_PLAN_FN __host__ __device__ inline
 #define MM_PLAN_INLINE __host__ __device__ __forceinline__ /* inlined as the caller's own code (its SASS) */
-#define MM_PLAN_RULE                                                                                         \
-    __host__ __device__ constexpr inline /* also in the instance tables' constant expressions */
+/* also in the instance tables' constant expressions */
+#define MM_PLAN_RULE __host__ __device__ constexpr inline
 #define MM_PLAN_HOST static inline
 #else
 #define MM_PLAN_FN static inline
@@ -97,11 +97,11 @@ enum {
     GEMM_WS64 = MEGAMOE_GEMM_WS64
 };
 #define MM_WS_ROWS 256 /* weight rows per warp-specialized block */
-#define MM_WS_MIN_TOKENS                                                                                     \
-    64 /* ws from here: its walking grid beats wgmma even at a short K (Qwen3-like I = 768) */
+/* ws from here: its walking grid beats wgmma even at a short K (Qwen3-like I = 768) */
+#define MM_WS_MIN_TOKENS 64
 #define MM_STREAM_MAX_AVG 16 /* NVFP4 streaming up to here: weight-bandwidth bound, it beats wgmma there */
-#define MM_WS64_MIN_K 4096   /* NVFP4 ws64 (not wgmma) where both K reach this: long items amortize its fill \
-                              */
+/* NVFP4 ws64 (not wgmma) where both K reach this: long items amortize its fill */
+#define MM_WS64_MIN_K 4096
 #define MM_BF16_WS64_MIN_AVG 4 /* BF16 ws64 from here, in place of wgmma and mma.sync split-K */
 MM_PLAN_FN int gemm_choice(int override_kernel, long slots, int E, int splits, int nvfp4, int min_k) {
     if (override_kernel == GEMM_MMA || override_kernel == GEMM_WGMMA || override_kernel == GEMM_WS ||
@@ -120,8 +120,8 @@ MM_PLAN_FN int gemm_choice(int override_kernel, long slots, int E, int splits, i
  * item: always across GPUs (the host knows only a bound of the items) and for gate/up (its epilogue,
  * staged in a tile of its own, overlaps the next item's fill); the NVFP4 down projection where its K
  * (= I) is short, its items' fill and epilogue weighing most there. */
-#define MM_WS_DOWN_WALK_MAX_K                                                                                \
-    2048 /* NVFP4 down walks below this I: at Mixtral-like I = 14336 the walk lost */
+/* NVFP4 down walks below this I: at Mixtral-like I = 14336 the walk lost */
+#define MM_WS_DOWN_WALK_MAX_K 2048
 MM_PLAN_FN int ws_walks(int nccl, int phase, int nvfp4, int I) {
     return nccl || phase == PHASE_GATE_UP || (nvfp4 && I < MM_WS_DOWN_WALK_MAX_K);
 }
@@ -197,8 +197,8 @@ MM_PLAN_FN int plan_stream_more_blocks(long slots, int E, int E_loc, int y, int 
  * of 4 splits) and down at every T (12). A decode forward fetches the kernel's code cold after the
  * L2 flush, and the unrolled loop is MM_STREAM_UNROLL steps' code (DECISIONS: against unrolling
  * everywhere at 1, and against a run-time choice inside one kernel). */
-#define MM_STREAM_ROLL_BELOW                                                                                 \
-    16 /* K steps per split below which the loop's code, fetched cold, outweighs unrolling */
+/* K steps per split below which the loop's code, fetched cold, outweighs unrolling */
+#define MM_STREAM_ROLL_BELOW 16
 MM_PLAN_FN int plan_stream_rolled(long slots, int E, int y, int nkc) {
     return nkc / plan_stream_splits(slots, E, y, nkc) < MM_STREAM_ROLL_BELOW;
 }
@@ -217,12 +217,12 @@ enum {
     STREAM_WIDE = 4,
     STREAM_VARIANTS = 5
 };
-#define MM_STREAM_GROUPED_MIN_AVG                                                                            \
-    4 /* grouped from here: faster from ~4 per expert, slower at ~1 (DECISIONS 89) */
-#define MM_STREAM_WIDE_ABOVE                                                                                 \
-    8 /* 32-token chunks above: a tile's weights streamed once, not once per 16 tokens */
-#define MM_STREAM_WIDE_BLOCKS                                                                                \
-    3 /* the wide instantiation's blocks per SM: 32 token rows, 4 n-tiles of sums each */
+/* grouped from here: faster from ~4 per expert, slower at ~1 (DECISIONS 89) */
+#define MM_STREAM_GROUPED_MIN_AVG 4
+/* 32-token chunks above: a tile's weights streamed once, not once per 16 tokens */
+#define MM_STREAM_WIDE_ABOVE 8
+/* the wide instantiation's blocks per SM: 32 token rows, 4 n-tiles of sums each */
+#define MM_STREAM_WIDE_BLOCKS 3
 /* The resident blocks per SM each instantiation's persistent grid and split plan count on. */
 MM_PLAN_RULE int plan_stream_blocks_per_sm(int variant) {
     return variant == STREAM_WIDE          ? MM_STREAM_WIDE_BLOCKS
@@ -300,8 +300,8 @@ MM_PLAN_FN splitk_plan plan_wgmma_splits(long slots, int E, int y, int nkc) {
  * exact, so y is the same either way): where the plan gathers (gemm_plan.gathered) and the copy holds
  * the rank's slot rows (MM_GATHER_CAP), in one process always, across GPUs from MM_GATHER_MIN_SLOTS
  * slot rows of the rank on (the rank's count, known on the device after routing: rank_gathered). */
-#define MM_GATHER_MIN_SLOTS                                                                                  \
-    512 /* below, the gather's copy and launch cost more than remote reads at decode (DECISIONS 89) */
+/* below, the gather's copy and launch cost more than remote reads at decode (DECISIONS 89) */
+#define MM_GATHER_MIN_SLOTS 512
 MM_PLAN_INLINE int plan_rank_gathers(int one_process, int rank_slots) {
     return one_process || rank_slots >= MM_GATHER_MIN_SLOTS;
 }
@@ -310,8 +310,8 @@ MM_PLAN_INLINE int plan_rank_gathers(int one_process, int rank_slots) {
  * of MM_COMBINE_CLUSTER blocks per token, each taking an eighth of the token's chunk sums through
  * distributed shared memory; above, a block per token. Both give the same bits (one order of sums). */
 #define MM_COMBINE_CLUSTER 8 /* blocks per token in the few-token form (the portable cluster size) */
-#define MM_COMBINE_CLUSTER_TOKENS                                                                            \
-    16 /* a token's K rows of p over 8 SMs, not one: DSv3-like T = 1 (DECISIONS) */
+/* a token's K rows of p over 8 SMs, not one: DSv3-like T = 1 (DECISIONS) */
+#define MM_COMBINE_CLUSTER_TOKENS 16
 typedef struct combine_plan {
     int cluster;         /* the few-token form */
     int blocks, threads; /* the grid (a cluster per token, or a block) and the block */

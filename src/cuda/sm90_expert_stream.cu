@@ -46,22 +46,22 @@
 
 #define ST_WARPS MM_STREAM_WARPS /* consumer warps (4); one producer warp more */
 #define ST_THREADS ((ST_WARPS + 1) * 32)
-#define ST_COLS 16      /* tokens per chunk */
-#define ST_COLS_WIDE 32 /* tokens per chunk of the wide instantiation (STREAM_WIDE: 8-16 tokens per expert)  \
-                         */
-#define ST_CODES 4096   /* one slab step: 8 groups x 512 B of codes */
-#define ST_SCALES 512   /*                8 groups x 64 B of scales */
+#define ST_COLS 16 /* tokens per chunk */
+/* tokens per chunk of the wide instantiation (STREAM_WIDE: 8-16 tokens per expert) */
+#define ST_COLS_WIDE 32
+#define ST_CODES 4096      /* one slab step: 8 groups x 512 B of codes */
+#define ST_SCALES 512      /*                8 groups x 64 B of scales */
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (4 beats 1 at 8-128 tokens, DECISIONS) */
 #define ST_STAGES 8        /* K steps the ring holds */
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
-#define ST_STAGES_MORE                                                                                       \
-    6 /* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
-#define ST_PAIR                                                                                              \
-    2 /* K steps per ring slot (one bulk copy each of codes and scales; per-slot layout: token row) */
+/* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
+#define ST_STAGES_MORE 6
+/* K steps per ring slot (one bulk copy each of codes and scales; per-slot layout: token row) */
+#define ST_PAIR 2
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG / ST_PAIR neighbouring ring slots) */
-#define ST_XG_MIN_COLS                                                                                       \
-    3 /* grouped layout: chunks of fewer tokens still copy per slot (a group's copy                          \
-       * waits for the slot of its last step: a slot less lookahead) */
+/* grouped layout: chunks of fewer tokens still copy per slot (a group's copy waits for the slot of
+ * its last step: a slot less lookahead) */
+#define ST_XG_MIN_COLS 3
 
 /* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35). In both a
  * slot holds `steps` K steps (ST_PAIR; 1 in the instantiation with a block per SM more): their

@@ -45,10 +45,8 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 #define MM_WG_D8 "%0,%1,%2,%3,%4,%5,%6,%7"
 #define MM_WG_D16 MM_WG_D8 ",%8,%9,%10,%11,%12,%13,%14,%15"
 #define MM_WG_D32 MM_WG_D16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-#define MM_WG_D64                                                                                            \
-    MM_WG_D32                                                                                                \
-        ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,"  \
-        "%56,%57,%58,%59,%60,%61,%62,%63"
+#define MM_WG_D48 MM_WG_D32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"
+#define MM_WG_D64 MM_WG_D48 ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
 
 /* d (+)= A (64 x 16, this warp's 16 rows in a[4]) . B (N tokens x 16, descriptor db)^T; accumulate 0
  * overwrites d. N: the instruction's N; TYPE: "f16" or "bf16"; D: its accumulator list; A0: the
