@@ -7,8 +7,9 @@
  * splits, walk, split-N and grid) that dispatch.cu executes. Every rule is a function of the group's
  * slot count and the shape only (never of R or of which rank computes), so y is bitwise the same for
  * any R and number of GPUs. With NCCL only the device knows the group's count: the plan then holds
- * every launch the group's count may need, and each kernel takes plan_gemm_phase on the device, the
- * function the host's own plan is made of.
+ * every launch the group's count may need, and each kernel takes the choice on the device from the
+ * rules plan_gemm_phase composes on the host (gemm/fragments.cuh gemm_device_choice), leaving unless
+ * it is the one.
  */
 #ifndef MEGAMOE_GEMM_PLAN_H
 #define MEGAMOE_GEMM_PLAN_H
@@ -337,7 +338,7 @@ MM_PLAN_HOST combine_plan plan_combine(int T, int K, int H) {
 /* ---- The plan of a forward's expert GEMMs, as a value ----------------------------------------- */
 
 /* The part of the plan every GEMM kernel is given by value, for the choice it takes on the device
- * (plan_gemm_phase at the group's count, which with NCCL only the device knows): the override the
+ * (gemm_device_choice at the group's count, which with NCCL only the device knows): the override the
  * plan was made with (megamoe_layer_config.gemm_kernel: GEMM_AUTO or the kernel a test forces). */
 typedef struct gemm_rule {
     int override_kernel;

@@ -504,7 +504,8 @@ __global__ void __launch_bounds__(ST_THREADS, B)
      * token count (two independent latencies instead of one after the other). */
     if (threadIdx.x < sh.local_ranks)
         base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
-    if (host_splits > 0) { /* one process: the host's plan is this kernel's (sm90_expert_stream_launch) */
+    if (host_splits >
+        0) { /* one process: the host's plan is this kernel's (gemm_plan.h plan_stream_launch) */
         p.slots = host_slots;
         p.splits = host_splits;
     } else {
