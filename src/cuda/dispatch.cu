@@ -9,11 +9,13 @@
  *                else                           count / tiles / fill per expert  (sm90_route_*_kernel)
  *              (E_r <= 1024 for the warp, <= 8192 for the one kernel; all write the same tables)
  *   barrier    sm90_barrier.cu  NCCL only: every rank's tokens staged
- *   gather     sm90_gather.cu   where the rows are gathered (across GPUs; one GPU when ws / ws64 take
- * gate/up) gate/up, down: the expert GEMMs, chosen below (gemm_plan.h plan_gemm), per phase; between them,
- * for NVFP4 weights with bf16 activations (W4A16), sm90_act_f16.cu: act to f16 barrier    sm90_barrier.cu
- * NCCL only: every p written combine    sm90_combine.cu  per token; a cluster of 8 blocks per token up to 16
- * tokens of a rank
+ *   gather     sm90_gather.cu   where the rows are gathered (across GPUs; one GPU when ws / ws64
+ *                               take gate/up)
+ *   gate/up, down: the expert GEMMs, chosen below (gemm_plan.h plan_gemm), per phase; between
+ *              them, for NVFP4 weights with bf16 activations (W4A16), sm90_act_f16.cu: act to f16
+ *   barrier    sm90_barrier.cu  NCCL only: every p written
+ *   combine    sm90_combine.cu  per token; a cluster of 8 blocks per token up to 16 tokens of a rank
+ *                               (gemm_plan.h plan_combine)
  *
  * The expert GEMM of a phase, from the group's slots per expert n = S / E (both phases take the same
  * kernel unless one of them plans a K split where the other does not) and min_k = min(H, I):
@@ -39,7 +41,7 @@
  * sm90_expert_gemm_launch executes it, a family's launcher per launch. One process knows S and the
  * plan holds exactly the chosen kernel; with NCCL a rank knows only its own count, the plan holds
  * every kernel the group's count may choose, and each kernel's blocks leave at once unless
- * plan_gemm_phase on the device (from every rank's staged count) names it.
+ * gemm_device_choice (gemm/fragments.cuh: the same rules, from every rank's staged count) names it.
  */
 #include "launch.h"
 

@@ -328,8 +328,8 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
                                                       nc, lane, &si, &col_scale[lane]);
         }
         __syncwarp();
-        /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i &
-         * 3) >> 1) of the slab; offsets from one base are constants. */
+        /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1),
+         * row 16 (2 warp + q) + g + 8 ((i & 3) >> 1) of the slab; offsets from one base are constants. */
         const float *base = st_partial((float *)ws, p.Y, p.slots, 0, h.y, first + 2 * c, 32 * warp + g);
         float acc[GROUPS_PER_WARP][COLS / 2];
         st_sum_splits<COLS / 2, 1>(acc, base, split_stride, p.splits, nc, c);
