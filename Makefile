@@ -49,7 +49,8 @@ valgrind:
 	./tests/valgrind/run.sh $(VALGRIND_BUILD)/megamoe
 
 format:
-	clang-format -i include/*.h src/*.c src/*.h src/*/*.c tools/*.c tests/*.c tests/*.h
+	clang-format -i include/*.h src/*.c src/*.h src/*/*.c src/cuda/*.h src/cuda/*.cu src/cuda/*.cuh \
+	  src/cuda/*/*.cuh src/ep/*.cu tools/*.c tests/*.c tests/*.h
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(VALGRIND_BUILD) build-fuzz

@@ -55,8 +55,8 @@ megamoe_status megamoe_group_create(const megamoe_group_config *config, megamoe_
                      ops->name, config->num_ranks);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
-    if (config->num_ranks < 1 || config->num_ranks > 72) {
-        mm_set_error(g->error, "num_ranks R=%d must be in 1..72", config->num_ranks);
+    if (config->num_ranks < 1 || config->num_ranks > MM_MAX_RANKS) {
+        mm_set_error(g->error, "num_ranks R=%d must be in 1..%d", config->num_ranks, MM_MAX_RANKS);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     if (config->num_threads < 0 || config->num_threads > MEGAMOE_MAX_THREADS) {

@@ -46,7 +46,7 @@ typedef struct mm_buffer_layout {
     uint64_t tile_start;      /* [max_tiles] i32 first slot (within the expert) of each tile        */
     uint64_t tile_rows;       /* [max_tiles] i32 x 2: each tile's first slot row and its tokens     */
     uint64_t tile_order;      /* [max_tiles] i32 tiles by tokens, most first (where the routing      */
-                              /* writes it: sm90_route_orders_tiles), for the streaming kernel       */
+                              /* writes it: plan_route_orders_tiles), for the streaming kernel       */
     uint64_t x_f16;           /* NVFP4: [T_max, H] f16 code * 2^-14 * sf of the staged tokens        */
     uint64_t act;             /* [R*T_max*K, I_padded] 16-bit down-projection input (f16 NVFP4, bf16  */
                               /* BF16); I_padded: weight_layout.h                                    */
@@ -66,6 +66,9 @@ typedef struct mm_buffer_layout {
     uint64_t total;           /* bytes per rank                                                     */
 } mm_buffer_layout;
 
+/* Ranks in a group at most (megamoe_group_config.num_ranks, an NCCL communicator's size): the
+ * streaming kernel keeps a tile count per local rank in shared memory. */
+#define MM_MAX_RANKS 72
 #define MM_TILE_TOKENS 64      /* tokens per tile of the device expert GEMMs */
 /* The routing of many slots (sm90_route.cu) counts and places them by chunks of MM_ROUTE_CHUNK slots
  * of one home rank (a block each), for ranks of at most MM_ROUTE_CHUNK_EXPERTS experts (a block holds

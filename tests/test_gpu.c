@@ -550,14 +550,16 @@ static cudaError_t wait_stream(cudaStream_t s, int ms) {
 }
 
 /* Whether a forward of `slots` slots of layer c takes a warp-specialized kernel (gemm_rank 2 or 3) in
- * either phase, as the launcher plans it (dispatch.cu). */
+ * either phase, as the plan chooses it (gemm_plan.h plan_gemm_phase, the suite's forced kernel as the
+ * override). */
 static int takes_ws(const megamoe_layer_config *c, long slots, int nvfp4) {
-    const int E = c->num_experts, H = c->hidden_size, I = c->intermediate_size, mk = H < I ? H : I;
-    const int k1 =
-        gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, 2 * I / 128, H / 64).splits, nvfp4, mk);
-    const int k2 =
-        gemm_choice(g_gemm_kernel, slots, E, plan_splitk(slots, E, H / 128, I / 64).splits, nvfp4, mk);
-    return gemm_rank(k1) >= 2 || gemm_rank(k2) >= 2;
+    const gemm_rule rule = {g_gemm_kernel};
+    for (int phase = PHASE_GATE_UP; phase <= PHASE_DOWN; phase++) {
+        const gemm_phase_choice k =
+            plan_gemm_phase(rule, slots, c->num_experts, c->hidden_size, c->intermediate_size, phase, nvfp4);
+        if (gemm_rank(k.kernel) >= 2) return 1;
+    }
+    return 0;
 }
 
 /* A forward on one stream finishes, and is right, while a kernel on another stream holds part of

@@ -17,16 +17,16 @@ struct mm_cuda_group {
 };
 
 struct mm_cuda_layer {
-    mm_dev_weights *host_weights;  /* [local ranks] device pointers, host copy */
-    mm_dev_weights *dev_weights;   /* the same table on the device            */
-    void **allocs;                 /* every device allocation, freed in reverse */
+    mm_dev_weights *host_weights; /* [local ranks] device pointers, host copy */
+    mm_dev_weights *dev_weights;  /* the same table on the device            */
+    void **allocs;                /* every device allocation, freed in reverse */
     int num_allocs, cap_allocs;
     uint64_t resident_bytes;
-    float *gamma;                  /* [H] or NULL */
-    uint8_t *host_error;           /* mapped pinned: the error words of the last forward */
-    uint8_t *host_error_dev;       /* the same, as the device sees it */
+    float *gamma;            /* [H] or NULL */
+    uint8_t *host_error;     /* mapped pinned: the error words of the last forward */
+    uint8_t *host_error_dev; /* the same, as the device sees it */
     cudaStream_t last_stream;
-    int held_rank;                 /* mm_test_hold_rank: the global rank that never arrives, -1 = none */
+    int held_rank; /* mm_test_hold_rank: the global rank that never arrives, -1 = none */
 };
 
 static int device_of(const megamoe_group *g) { return ((const mm_cuda_group *)g->device)->device; }
@@ -51,7 +51,8 @@ extern "C" megamoe_status mm_cuda_group_init(megamoe_group *g) {
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
         cudaGetLastError();
-        mm_set_error(g->error, "no CUDA device is visible (%s)", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
+        mm_set_error(g->error, "no CUDA device is visible (%s)",
+                     err != cudaSuccess ? cudaGetErrorString(err) : "0 devices");
         return MEGAMOE_ERR_UNSUPPORTED;
     }
     if (g->config.device < 0 || g->config.device >= n) {
@@ -60,8 +61,8 @@ extern "C" megamoe_status mm_cuda_group_init(megamoe_group *g) {
     }
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, g->config.device) != cudaSuccess || p.major != 9) {
-        mm_set_error(g->error, "device %d (%s, sm_%d%d) is not a Hopper GPU (sm_90)", g->config.device, p.name,
-                     p.major, p.minor);
+        mm_set_error(g->error, "device %d (%s, sm_%d%d) is not a Hopper GPU (sm_90)", g->config.device,
+                     p.name, p.major, p.minor);
         return MEGAMOE_ERR_UNSUPPORTED;
     }
     mm_cuda_group *cg = (mm_cuda_group *)calloc(1, sizeof *cg);
@@ -110,7 +111,7 @@ extern "C" megamoe_status mm_cuda_buffer_init(megamoe_group *g, mm_buffer *b) {
          * xg rows past the last slot, whose columns the epilogue drops -- and a fresh allocation
          * holds no defined value there (compute-sanitizer initcheck). */
         MM_CUDA_TRY(cudaMemset(base, 0, (size_t)L.total)); /* split-K counters, barrier epochs: 0 */
-        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8));   /* no bad id yet; counts 0 */
+        MM_CUDA_TRY(cudaMemset(base + L.error, 0xFF, 8));  /* no bad id yet; counts 0 */
     }
     MM_CUDA_TRY(cudaDeviceSynchronize()); /* zero before any peer can see the buffer */
     return MEGAMOE_OK;
@@ -157,7 +158,8 @@ extern "C" void mm_cuda_layer_free(megamoe_layer *l) {
     mm_cuda_layer *cl = (mm_cuda_layer *)l->device;
     if (!cl) return;
     device_scope scope(device_of(l->group));
-    for (int i = cl->num_allocs - 1; i >= 0; i--) cudaFree(cl->allocs[i]);
+    for (int i = cl->num_allocs - 1; i >= 0; i--)
+        cudaFree(cl->allocs[i]);
     if (cl->host_error) cudaFreeHost(cl->host_error);
     free(cl->allocs);
     free(cl->host_weights);
@@ -194,23 +196,29 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
             break;
         }
         if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w13, n * 2 * I * H / 2, (const void **)&d->w13);
-        if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w13_sf, n * 2 * I * H / 16, (const void **)&d->w13_sf);
+        if (st == MEGAMOE_OK)
+            st = upload(cl, (void **)&w->w13_sf, n * 2 * I * H / 16, (const void **)&d->w13_sf);
         if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w2, n * H * I / 2, (const void **)&d->w2);
         if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w2_sf, n * H * I / 16, (const void **)&d->w2_sf);
-        if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w13_alpha, n * 2 * 4, (const void **)&d->w13_alpha);
+        if (st == MEGAMOE_OK)
+            st = upload(cl, (void **)&w->w13_alpha, n * 2 * 4, (const void **)&d->w13_alpha);
         if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w2_alpha, n * 4, (const void **)&d->w2_alpha);
         if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w2_input_scale, n * 4, (const void **)&d->w2_in);
-        if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w13_bf16, n * 2 * I * H * 2, (const void **)&d->w13_bf16);
-        if (st == MEGAMOE_OK) st = upload(cl, (void **)&w->w2_bf16, n * H * I * 2, (const void **)&d->w2_bf16);
+        if (st == MEGAMOE_OK)
+            st = upload(cl, (void **)&w->w13_bf16, n * 2 * I * H * 2, (const void **)&d->w13_bf16);
+        if (st == MEGAMOE_OK)
+            st = upload(cl, (void **)&w->w2_bf16, n * H * I * 2, (const void **)&d->w2_bf16);
         /* The unused static input scales of gate/up stay on the host (SPEC: kept, unused). */
         peak = cl->resident_bytes;
     }
-    if (st == MEGAMOE_OK) st = sm90_expert_gemm_prepare();
+    if (st == MEGAMOE_OK)
+        st = sm90_expert_gemm_prepare(l->config.gemm_kernel, l->config.format == MEGAMOE_FORMAT_NVFP4);
     if (st == MEGAMOE_OK) st = sm90_combine_prepare(l->config.top_k, (int)H);
     if (st == MEGAMOE_OK) st = upload_table(cl, R);
     if (st == MEGAMOE_OK && l->norm_gamma) {
         void *g = malloc(H * 4);
-        if (!g) st = MEGAMOE_ERR_OUT_OF_MEMORY;
+        if (!g)
+            st = MEGAMOE_ERR_OUT_OF_MEMORY;
         else {
             memcpy(g, l->norm_gamma, H * 4);
             const void *dg = NULL;
@@ -229,7 +237,8 @@ extern "C" megamoe_status mm_cuda_layer_finalize(megamoe_layer *l) {
     if (st != MEGAMOE_OK) {
         /* Host copies already uploaded are gone: the layer cannot be finalized again. */
         const char *msg = mm_cuda_last_message();
-        mm_layer_fail(l, st, "finalize on device %d failed: %s", device_of(l->group), msg[0] ? msg : "out of memory");
+        mm_layer_fail(l, st, "finalize on device %d failed: %s", device_of(l->group),
+                      msg[0] ? msg : "out of memory");
         return st;
     }
     l->finalize_peak_bytes = peak > cl->resident_bytes ? peak : cl->resident_bytes;
@@ -267,14 +276,16 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     uint8_t *const *peers = (uint8_t *const *)l->buffer->peer_table;
     uint8_t *err = base[0];
     int total_tokens = 0;
-    for (int r = 0; r < g->local_ranks; r++) total_tokens += args[r].num_tokens;
+    for (int r = 0; r < g->local_ranks; r++)
+        total_tokens += args[r].num_tokens;
     /* Which routing (dispatch.cu's table); ROUTE_WARP: the stage block's last warp routes. */
     const int route = sm90_route_plan(sh, total_tokens);
     /* The error words were reset by the last forward's combine (or at buffer creation). */
     for (int r = 0; r < g->local_ranks; r++) {
-        const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
-                                    args[r].is_padding, args[r].y};
-        megamoe_status st = sm90_stage_launch(sh, L, base[r], err, mm_group_rank(g, r), a, route == ROUTE_WARP, s);
+        const mm_dev_rank_args a = {args[r].num_tokens,   args[r].x,          args[r].topk_ids,
+                                    args[r].topk_weights, args[r].is_padding, args[r].y};
+        megamoe_status st =
+            sm90_stage_launch(sh, L, base[r], err, mm_group_rank(g, r), a, route == ROUTE_WARP, s);
         if (st) return st;
     }
     /* NCCL: the peers' staged tokens are read next, and the last forward's p written into them. */
@@ -288,18 +299,20 @@ static megamoe_status enqueue(megamoe_layer *l, const megamoe_forward_args *args
     for (int r = 0; !nccl && held >= 0 && r < g->local_ranks; r++)
         MM_CUDA_TRY(cudaMemsetAsync(base[r] + L.barrier, 0, 8 * (size_t)(sh.R + 1), s));
     if (barrier && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, held, s)) != MEGAMOE_OK) return st;
-    if (route != ROUTE_WARP && (st = sm90_route_launch(sh, L, peers, route, (long)total_tokens * sh.K, s)) != MEGAMOE_OK)
+    if (route != ROUTE_WARP &&
+        (st = sm90_route_launch(sh, L, peers, route, (long)total_tokens * sh.K, s)) != MEGAMOE_OK)
         return st;
-    st = sm90_expert_gemm_launch(sh, L, peers, base[0], cl->dev_weights, total_tokens, l->config.gemm_kernel, s);
+    st = sm90_expert_gemm_launch(sh, L, peers, base[0], cl->dev_weights, total_tokens, l->config.gemm_kernel,
+                                 s);
     if (st) return st;
     /* NCCL: every p this rank's tokens need has been written by its owner. */
     if (barrier && (st = sm90_barrier_launch(sh, L, peers, timeout_ms, held, s)) != MEGAMOE_OK) return st;
     for (int r = 0; r < g->local_ranks; r++) {
-        const mm_dev_rank_args a = {args[r].num_tokens, args[r].x, args[r].topk_ids, args[r].topk_weights,
-                                    args[r].is_padding, args[r].y};
+        const mm_dev_rank_args a = {args[r].num_tokens,   args[r].x,          args[r].topk_ids,
+                                    args[r].topk_weights, args[r].is_padding, args[r].y};
         const bool last = r == g->local_ranks - 1;
-        st = sm90_combine_launch(sh, L, base[r], cl->gamma, a, last ? err + L.error : NULL,
-                                 last ? cl->host_error_dev : NULL, s);
+        st = sm90_combine_launch(plan_combine(a.T, sh.K, sh.H), sh, L, base[r], cl->gamma, a,
+                                 last ? err + L.error : NULL, last ? cl->host_error_dev : NULL, s);
         if (st) return st;
     }
     return MEGAMOE_OK;
@@ -318,7 +331,8 @@ extern "C" megamoe_status mm_cuda_forward(megamoe_layer *l, const megamoe_forwar
 
 extern "C" megamoe_status mm_test_hold_rank(megamoe_layer *l, int rank) {
     if (!l || !l->device)
-        return l ? mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "the test hold needs a finalized device layer")
+        return l ? mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT,
+                                 "the test hold needs a finalized device layer")
                  : MEGAMOE_ERR_INVALID_ARGUMENT;
     if (rank < -1 || rank >= l->group->world_size)
         return mm_layer_fail(l, MEGAMOE_ERR_INVALID_ARGUMENT, "held rank %d is outside [-1, %d)", rank,
@@ -344,10 +358,11 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
         memset(cl->host_error, 0, 16);
         const int r0 = mm_group_rank(l->group, 0), r1 = r0 + l->group->local_ranks - 1;
         if (r1 > r0) /* several local ranks (the test hold): any of them but the late one waited */
-            return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
-                                 "ranks %d..%d waited more than timeout_ms=%d for rank %u, which did not arrive; y "
-                                 "is not valid",
-                                 r0, r1, l->config.timeout_ms, late - 1);
+            return mm_layer_fail(
+                l, MEGAMOE_ERR_TIMEOUT,
+                "ranks %d..%d waited more than timeout_ms=%d for rank %u, which did not arrive; y "
+                "is not valid",
+                r0, r1, l->config.timeout_ms, late - 1);
         return mm_layer_fail(l, MEGAMOE_ERR_TIMEOUT,
                              "rank %d waited more than timeout_ms=%d for rank %u; y is not valid", r0,
                              l->config.timeout_ms, late - 1);
@@ -358,10 +373,11 @@ extern "C" megamoe_status mm_cuda_layer_check(megamoe_layer *l) {
     const int id = (int)(uint32_t)first, rank = (int)(key / ((unsigned)T_max * K)),
               token = (int)(key / K % T_max), slot = (int)(key % K);
     memset(cl->host_error, 0, 16);
-    return mm_layer_fail(l, MEGAMOE_ERR_BAD_INPUT,
-                         "rank %d token %d slot %d: expert id %d is outside [-1, %d) (%u bad slot%s skipped; y was "
-                         "written)",
-                         rank, token, slot, id, l->config.num_experts, count, count == 1 ? "" : "s");
+    return mm_layer_fail(
+        l, MEGAMOE_ERR_BAD_INPUT,
+        "rank %d token %d slot %d: expert id %d is outside [-1, %d) (%u bad slot%s skipped; y was "
+        "written)",
+        rank, token, slot, id, l->config.num_experts, count, count == 1 ? "" : "s");
 }
 
 /* ---- The table of operations ----------------------------------------------------------------- */

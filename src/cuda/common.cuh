@@ -16,6 +16,7 @@ extern "C" {
 #include "../internal.h"
 }
 #include "../formats.h"
+#include "gemm_plan.h"
 #include "ptx/sync.cuh"
 
 /* The sizes one forward's kernels need, by value. */
@@ -23,24 +24,21 @@ extern "C" {
 __device__ __forceinline__ uint16_t to_f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
 
 struct mm_dev_shape {
-    int R;          /* ranks in the group                                        */
-    int first_rank; /* global rank of this process's local rank 0               */
-    int local_ranks;/* ranks this process drives (R on one GPU, 1 with NCCL)    */
-    int E, E_r, K;  /* experts, experts per rank, top-k                          */
-    int H, I;       /* hidden and intermediate sizes                             */
+    int R;           /* ranks in the group                                        */
+    int first_rank;  /* global rank of this process's local rank 0               */
+    int local_ranks; /* ranks this process drives (R on one GPU, 1 with NCCL)    */
+    int E, E_r, K;   /* experts, experts per rank, top-k                          */
+    int H, I;        /* hidden and intermediate sizes                             */
     int T_max;
-    int nvfp4;      /* 1: NVFP4 weights, 0: BF16                                 */
-    int bf16_act;   /* NVFP4 weights with bf16 activations (W4A16, SPEC §3b): x staged as exact f16
-                       times a power of two, act rescaled to f16 between the GEMMs (sm90_act_f16.cu) */
+    int nvfp4;    /* 1: NVFP4 weights, 0: BF16                                 */
+    int bf16_act; /* NVFP4 weights with bf16 activations (W4A16, SPEC §3b): x staged as exact f16
+                     times a power of two, act rescaled to f16 between the GEMMs (sm90_act_f16.cu) */
     int has_norm;
-    float clamp;    /* 0 = off */
+    float clamp; /* 0 = off */
     float eps;
-    int gathered;   /* this forward gathers the gate/up input into L.xg (sm90_gather_kernel): see rank_gathered */
+    int gathered; /* this forward gathers the gate/up input into L.xg (sm90_gather_kernel): see rank_gathered
+                   */
 };
-
-/* Across GPUs a rank gathers only from this many slot rows on: below, its gate/up reads the few remote
- * rows where they are (the gather kernel's copy and launch cost more at decode; DECISIONS 89). */
-#define MM_GATHER_MIN_SLOTS 512
 
 /* W4A16: the exponent e of the power of two that puts amax * 2^-e in [2^15, 2^16), at least lo; 0
  * when amax is 0 or not finite. Every bf16 value of at least amax * 2^-33 is then exactly an f16
@@ -66,15 +64,15 @@ __device__ __forceinline__ slot_info decode_slot(const mm_dev_shape &sh, int cod
     return s;
 }
 
-/* Whether the rank whose buffer is `mine` reads its gathered copy in this forward: the host's choice in
- * one process (it knows the group's count), across GPUs also the rank's own slot count (known on the
- * device after routing; the same answer in every kernel of the forward, as they read the same count),
- * and never beyond the rows the copy holds. */
-__device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *mine) {
+/* Whether the rank whose buffer is `mine` reads its gathered copy in this forward (gemm_plan.h
+ * plan_rank_gathers): where the plan gathers, from the rank's own slot count (known on the device
+ * after routing; the same answer in every kernel of the forward, as they read the same count). */
+__device__ __forceinline__ bool rank_gathered(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                              const uint8_t *mine) {
     if (!sh.gathered) return false;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r];
-    if (n > L.xg_rows) return false; /* more than the copy holds (MM_GATHER_CAP): rows in place */
-    return sh.local_ranks == sh.R || n >= MM_GATHER_MIN_SLOTS;
+    if (n > L.xg_rows) return false; /* more than the copy holds: rows in place */
+    return plan_rank_gathers(sh.local_ranks == sh.R, n);
 }
 
 /* The buffer region of the gate/up GEMM's 16-bit input rows: the gathered copy L.xg (g), else the
@@ -105,15 +103,15 @@ struct mm_dev_rank_args {
     uint16_t *y;
 };
 
-#define MM_CUDA_TRY(call)                                                                          \
-    do {                                                                                           \
-        cudaError_t err_ = (call);                                                                 \
-        if (err_ != cudaSuccess) return mm_cuda_error(err_, #call, __FILE__, __LINE__);            \
+#define MM_CUDA_TRY(call)                                                                                    \
+    do {                                                                                                     \
+        cudaError_t err_ = (call);                                                                           \
+        if (err_ != cudaSuccess) return mm_cuda_error(err_, #call, __FILE__, __LINE__);                      \
     } while (0)
 
 template <typename... KArgs, typename... Args>
-static inline cudaError_t mm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                    Args &&...args) {
+static inline cudaError_t mm_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t s, Args &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -151,6 +149,8 @@ int mm_cuda_group_device(const megamoe_group *g);
 
 /* Records a CUDA failure as a message for the caller's handle (set by the host side). */
 megamoe_status mm_cuda_error(cudaError_t err, const char *what, const char *file, int line);
+/* Records a failure that is not CUDA's (printf-style message) and returns st. */
+megamoe_status mm_cuda_fail(megamoe_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The message of the last mm_cuda_error (host side, per thread). */
 const char *mm_cuda_last_message(void);
 /* Clears it, before a call whose failure message is read afterwards. */
@@ -200,11 +200,13 @@ __device__ __forceinline__ uint4 decode8_biased(uint32_t codes, uint8_t sf) {
 
 /* Warp-wide sum and max by butterfly shuffles (every lane gets the result, in a fixed order). */
 __device__ __forceinline__ float mm_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
 }
 __device__ __forceinline__ float mm_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     return v;
 }
 #endif /* MEGAMOE_CUDA_COMMON_CUH */

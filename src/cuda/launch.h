@@ -21,42 +21,47 @@ int sm90_route_plan(const mm_dev_shape &sh, long total_tokens);
 /* The routing kernels of `route` (not ROUTE_WARP, which the stage kernel runs). */
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  int route, long total_slots, cudaStream_t s);
-/* Whether the routing of a forward of total_slots slots writes L.tile_order (the tiles by tokens,
- * most first: gemm_plan.h tile_order_before), which the streaming kernel then walks. */
-bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots);
-/* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered). */
+/* Each routed slot's gate/up input into its rank's slot-ordered copy L.xg (for a forward with sh.gathered).
+ */
 megamoe_status sm90_gather_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                   cudaStream_t s);
 
-/* ---- expert GEMMs (dispatch.cu chooses; one file per kernel) ------------------------------------ */
+/* ---- expert GEMMs (gemm_plan.h plans, dispatch.cu executes the plan; one file per kernel) -------- */
 
-/* Once per device, before the first launch and outside stream capture: the kernels' shared-memory opt-in. */
-megamoe_status sm90_expert_gemm_prepare();
-/* Both phases of a forward: gather, gate/up, down, with the kernels gemm_plan.h chooses. */
-megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                       uint8_t *base0, const mm_dev_weights *weights, int total_tokens, int force,
-                                       cudaStream_t s);
-/* The mma.sync kernel of one phase: grid (tiles, row blocks, local ranks x sp K splits). */
-megamoe_status sm90_expert_mma_launch(int phase, dim3 grid, int sp, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                      uint8_t *const *peers, const mm_dev_weights *weights, int force, cudaStream_t s);
+/* Once per device, before the first launch and outside stream capture: every built instance's
+ * shared-memory opt-in; refuses a layer whose gemm_kernel (override_kernel) this build leaves out
+ * (gemm_override_built). */
+megamoe_status sm90_expert_gemm_prepare(int override_kernel, int nvfp4);
+/* Both phases of a forward: desc -> plan_gemm -> the plan's gather, gate/up, act_f16, down. */
+megamoe_status sm90_expert_gemm_launch(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                       uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights,
+                                       int total_tokens, int override_kernel, cudaStream_t s);
+
+/* What every GEMM launch passes its kernel besides the plan's launch: the forward's shape (gathered
+ * set from the plan), the buffer layout, the peer table, local rank 0's buffer (the ws kernel's token
+ * tensor map) and the local ranks' weights. */
+struct mm_gemm_args {
+    const mm_dev_shape &sh;
+    const mm_buffer_layout &L;
+    uint8_t *const *peers;
+    uint8_t *base0;
+    const mm_dev_weights *weights;
+};
+static inline dim3 gemm_grid(const gemm_launch &g) {
+    return dim3((unsigned)g.grid[0], (unsigned)g.grid[1], (unsigned)g.grid[2]);
+}
+/* A launch whose instance the build left out (finalize refuses the gemm_kernel that reaches one). */
+megamoe_status sm90_expert_gemm_unbuilt(const gemm_launch &g);
+
+/* One launch of the plan (gemm_launch: kernel, instance, splits, grid), each family's launcher. */
+megamoe_status sm90_expert_mma_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s);
+megamoe_status sm90_expert_wgmma_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s);
+megamoe_status sm90_expert_ws_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s);
+megamoe_status sm90_expert_stream_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s);
+/* Each family's shared-memory opt-in, over its instance table. */
 megamoe_status sm90_expert_mma_prepare();
-/* The wgmma kernel of one phase over `tiles` token tiles of every local rank. */
-megamoe_status sm90_expert_wgmma_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                        uint8_t *const *peers, const mm_dev_weights *weights, int tiles, int splits,
-                                        int force, cudaStream_t s);
 megamoe_status sm90_expert_wgmma_prepare();
-/* The warp-specialized kernel of one phase over `tiles` token tiles of every local rank, with blocks
- * of ntok (128: GEMM_WS, 64: GEMM_WS64) tokens. base0: local rank 0's buffer (the token tiles'
- * tensor map where the rows are slot-ordered and the process drives one rank). slots: the group's
- * slot count (with NCCL this rank's, a lower bound), for the form gemm_plan.h ws_split_n picks. */
-megamoe_status sm90_expert_ws_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                     uint8_t *const *peers, uint8_t *base0, const mm_dev_weights *weights, int tiles,
-                                     int ntok, long slots, int force, cudaStream_t s);
 megamoe_status sm90_expert_ws_prepare();
-/* The streaming kernel of one phase (NVFP4), a persistent grid over the tiles of every local rank. */
-megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
-                                         int force, cudaStream_t s);
 megamoe_status sm90_expert_stream_prepare();
 
 /* W4A16 (sh.bf16_act) only, between the phases: each slot row of act from bf16 to exact f16 times its
@@ -74,9 +79,10 @@ megamoe_status sm90_barrier_launch(const mm_dev_shape &sh, const mm_buffer_layou
                                    int timeout_ms, int held, cudaStream_t s);
 /* Opts the combine kernels in to the chunk sums' shared memory of a layer with top-k K and hidden size H. */
 megamoe_status sm90_combine_prepare(int K, int H);
-/* err_words/host_err: given to the forward's last combine (the error words' hand-off), else NULL. */
-megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
-                                   const float *gamma, const mm_dev_rank_args &a, uint8_t *err_words,
-                                   uint8_t *host_err, cudaStream_t s);
+/* The combine of one rank in the form c (gemm_plan.h plan_combine of its token count). err_words /
+ * host_err: given to the forward's last combine (the error words' hand-off), else NULL. */
+megamoe_status sm90_combine_launch(const combine_plan &c, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                   const uint8_t *base, const float *gamma, const mm_dev_rank_args &a,
+                                   uint8_t *err_words, uint8_t *host_err, cudaStream_t s);
 
 #endif /* MEGAMOE_CUDA_LAUNCH_H */

@@ -30,16 +30,31 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int *total) {
     return before + incl - v;
 }
 
+/* A rank's tile table (tile_expert, tile_start, tile_rows in buffer b), which every routing fills
+ * the same way: its one writer. Tile t holds expert e's tokens from `start` of the expert's, their
+ * slot rows from `first`, ncols of them. */
+struct route_tile_table {
+    int32_t *expert, *start;
+    int2 *rows;
+    __device__ __forceinline__ route_tile_table(const mm_buffer_layout &L, uint8_t *b)
+        : expert((int32_t *)(b + L.tile_expert)), start((int32_t *)(b + L.tile_start)),
+          rows((int2 *)(b + L.tile_rows)) {}
+    __device__ __forceinline__ void store(int t, int e, int start_, int first, int ncols) const {
+        expert[t] = e;
+        start[t] = start_;
+        rows[t] = make_int2(first, ncols);
+    }
+};
+
 /* One rank's expert offsets and tile list, in expert order, by one block (experts in chunks of
  * blockDim.x with a block-wide scan), from the counts count_of(e); on_expert(e, count, offset) sees
  * each expert's. Writes expert_offset[0..E_r], tile_expert, tile_start, tile_rows and num_tiles of
  * buffer b. */
 template <typename CountOf, typename OnExpert>
-__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b,
-                                                  CountOf count_of, OnExpert on_expert) {
+__device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                                  uint8_t *b, CountOf count_of, OnExpert on_expert) {
     int32_t *offset = (int32_t *)(b + L.expert_offset);
-    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
-    int2 *tile_rows = (int2 *)(b + L.tile_rows);
+    const route_tile_table table(L, b);
     int slot_base = 0, tile_base = 0;
     for (int e0 = 0; e0 < sh.E_r; e0 += blockDim.x) {
         const int e = e0 + threadIdx.x;
@@ -50,12 +65,10 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
         if (e < sh.E_r) {
             offset[e] = slot_base + slot_off;
             on_expert(e, n, slot_base + slot_off);
-            for (int i = 0; i < tiles; i++) {
-                tile_expert[tile_base + tile_off + i] = e;
-                tile_start[tile_base + tile_off + i] = i * MM_TILE_TOKENS;
-                tile_rows[tile_base + tile_off + i] = make_int2(slot_base + slot_off + i * MM_TILE_TOKENS,
-                                                               min(MM_TILE_TOKENS, n - i * MM_TILE_TOKENS));
-            }
+            for (int i = 0; i < tiles; i++)
+                table.store(tile_base + tile_off + i, e, i * MM_TILE_TOKENS,
+                            slot_base + slot_off + i * MM_TILE_TOKENS,
+                            min(MM_TILE_TOKENS, n - i * MM_TILE_TOKENS));
         }
         slot_base += slot_total;
         tile_base += tile_total;
@@ -70,8 +83,8 @@ __device__ __forceinline__ void route_write_tiles(const mm_dev_shape &sh, const 
  * ids while the rest of the stage block quantizes it (sm90_stage_kernel): the same tables and slot
  * order as the routing kernels. ids: lane k < K holds slot k's id, -1 where the token is not routed
  * (padding, non-finite) or the id is out of range. With one token every expert has at most K <= 32
- * slots, so one tile; an expert's values are counts over the K ids. MM_ROUTE_WARP_EXPERTS (gemm_plan.h) bounds the
- * experts it walks (32 per pass). */
+ * slots, so one tile; an expert's values are counts over the K ids. MM_ROUTE_WARP_EXPERTS (gemm_plan.h)
+ * bounds the experts it walks (32 per pass). */
 __device__ inline void route_one_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *b, int id,
                                       float scale) {
     __shared__ int s_id[32], s_first[32];
@@ -88,8 +101,7 @@ __device__ inline void route_one_warp(const mm_dev_shape &sh, const mm_buffer_la
     s_first[lane] = first;
     __syncwarp();
     int32_t *count = (int32_t *)(b + L.expert_count), *offset = (int32_t *)(b + L.expert_offset);
-    int32_t *tile_expert = (int32_t *)(b + L.tile_expert), *tile_start = (int32_t *)(b + L.tile_start);
-    int2 *tile_rows = (int2 *)(b + L.tile_rows);
+    const route_tile_table table(L, b);
     for (int e = lane; e < E; e += 32) {
         int c = 0, less = 0, tiles_less = 0;
         for (int j = 0; j < K; j++) {
@@ -100,11 +112,7 @@ __device__ inline void route_one_warp(const mm_dev_shape &sh, const mm_buffer_la
         }
         count[e] = c;
         offset[e] = less;
-        if (c > 0) {
-            tile_expert[tiles_less] = e;
-            tile_start[tiles_less] = 0;
-            tile_rows[tiles_less] = make_int2(less, c);
-        }
+        if (c > 0) table.store(tiles_less, e, 0, less, c); /* c <= K <= 32: one tile */
     }
     /* Slot k at its expert's first slot plus the earlier slots of that expert; its code is k (home
      * rank 0, token 0). The totals by lane 0. */

@@ -39,15 +39,16 @@ __device__ __forceinline__ uint4 chunk_to_f16(uint4 v, int e) {
  * dependent loads deep for one warp), the whole block per row. A row that fits ACT_F16_HELD chunks per
  * thread is read once (its loads all issued before the first is used) and converted from registers;
  * a longer one is read twice. The row's largest |a| is a maximum, the same whichever threads reduce it. */
-__global__ void __launch_bounds__(ACT_F16_THREADS) sm90_act_f16_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                       uint8_t *const *peers, int block_per_row) {
+__global__ void __launch_bounds__(ACT_F16_THREADS)
+    sm90_act_f16_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, int block_per_row) {
     mm_wait_previous();
     /* The down kernel's blocks may enter now: they set up and load their first weights while this
      * kernel converts (a few rows: microseconds), and read act and slot_scale after their wait. */
     mm_launch_dependents();
     __shared__ float warp_max[ACT_F16_THREADS / 32];
     uint8_t *mine = peers[sh.first_rank + blockIdx.y];
-    const int G = block_per_row ? ACT_F16_THREADS : 32, t = threadIdx.x % G, rows_per_block = ACT_F16_THREADS / G;
+    const int G = block_per_row ? ACT_F16_THREADS : 32, t = threadIdx.x % G,
+              rows_per_block = ACT_F16_THREADS / G;
     const int n = ((const int32_t *)(mine + L.expert_offset))[sh.E_r], chunks = sh.I / 8;
     const bool held = chunks <= G * ACT_F16_HELD;
     /* row0 is the same for every thread of the block, and with a block per row so is row: the barriers
@@ -63,16 +64,20 @@ __global__ void __launch_bounds__(ACT_F16_THREADS) sm90_act_f16_kernel(mm_dev_sh
             for (int j = 0; j < ACT_F16_HELD; j++)
                 v[j] = t + j * G < chunks ? a[t + j * G] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-            for (int j = 0; j < ACT_F16_HELD; j++) amax = mm_max_nan(amax, chunk_amax(v[j]));
+            for (int j = 0; j < ACT_F16_HELD; j++)
+                amax = mm_max_nan(amax, chunk_amax(v[j]));
         } else {
-            for (int c = t; c < chunks; c += G) amax = mm_max_nan(amax, chunk_amax(a[c]));
+            for (int c = t; c < chunks; c += G)
+                amax = mm_max_nan(amax, chunk_amax(a[c]));
         }
-        for (int o = 16; o > 0; o >>= 1) amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+        for (int o = 16; o > 0; o >>= 1)
+            amax = mm_max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
         if (block_per_row) {
             if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
             __syncthreads();
             amax = warp_max[0];
-            for (int w = 1; w < ACT_F16_THREADS / 32; w++) amax = mm_max_nan(amax, warp_max[w]);
+            for (int w = 1; w < ACT_F16_THREADS / 32; w++)
+                amax = mm_max_nan(amax, warp_max[w]);
             __syncthreads(); /* warp_max is written again for the next row */
         }
         const int e = mm_f16_exponent(amax, -149);
@@ -82,7 +87,8 @@ __global__ void __launch_bounds__(ACT_F16_THREADS) sm90_act_f16_kernel(mm_dev_sh
             for (int j = 0; j < ACT_F16_HELD; j++)
                 if (t + j * G < chunks) a[t + j * G] = chunk_to_f16(v[j], e);
         } else {
-            for (int c = t; c < chunks; c += G) a[c] = chunk_to_f16(a[c], e);
+            for (int c = t; c < chunks; c += G)
+                a[c] = chunk_to_f16(a[c], e);
         }
     }
 }

@@ -7,7 +7,7 @@
  * added in chunk order by one thread. So the two forms below give the same bits, and y stays bitwise
  * independent of how the tokens are split over ranks (each rank picks its form from its own count):
  *   - many tokens: one block per token;
- *   - few tokens (T <= MM_COMBINE_CLUSTER_TOKENS): a cluster of MM_COMBINE_CLUSTER blocks per token,
+ *   - few tokens (gemm_plan.h plan_combine): a cluster of MM_COMBINE_CLUSTER blocks per token,
  *     block b taking a b-th of the chunks for both passes; the chunk sums are read across the cluster
  *     through distributed shared memory. At T = 1 this spreads a token's K rows of p (229 KB for
  *     DSv3) over 8 SMs instead of one.
@@ -21,10 +21,6 @@
 
 namespace cg = cooperative_groups;
 
-#define MM_COMBINE_CLUSTER 8        /* blocks per token in the few-token form (portable cluster size) */
-#define MM_COMBINE_CLUSTER_TOKENS 16 /* the few-token form up to this many tokens of a rank */
-#define MM_MAX_DEVICES 64
-
 /* Sum of squares of the 128 floats of chunk c of a p row, in the canonical order (every lane gets it). */
 __device__ __forceinline__ float chunk_ssq(const float4 *row, int c, int lane) {
     const float4 v = row[c * 32 + lane];
@@ -32,8 +28,9 @@ __device__ __forceinline__ float chunk_ssq(const float4 *row, int c, int lane) {
 }
 
 template <bool CLUSTER>
-__global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base, const float *gamma,
-                                    mm_dev_rank_args a, uint8_t *err_words, uint8_t *host_err) {
+__global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const uint8_t *base,
+                                    const float *gamma, mm_dev_rank_args a, uint8_t *err_words,
+                                    uint8_t *host_err) {
     extern __shared__ float css[]; /* [K][H / 128] chunk sums of squares (this block's chunks) */
     __shared__ float rms[32];
     __shared__ int live[32];
@@ -67,7 +64,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
     uint16_t *y = a.y + (size_t)t * H;
     if (state != MM_TOKEN_LIVE) {
         const uint32_t fill = state == MM_TOKEN_POISONED ? 0x7FC07FC0u : 0u;
-        for (int i = c0 * 16 + threadIdx.x; i < c1 * 16; i += blockDim.x) ((uint4 *)y)[i] = make_uint4(fill, fill, fill, fill);
+        for (int i = c0 * 16 + threadIdx.x; i < c1 * 16; i += blockDim.x)
+            ((uint4 *)y)[i] = make_uint4(fill, fill, fill, fill);
         return;
     }
     __syncthreads(); /* the slots' ids and weights */
@@ -88,7 +86,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
                 float ss = 0.0f;
                 for (int owner = 0; owner < nb; owner++) {
                     const float *theirs = cluster.map_shared_rank(css, owner);
-                    for (int c = owner * nch / nb; c < (owner + 1) * nch / nb; c++) ss += theirs[threadIdx.x * nch + c];
+                    for (int c = owner * nch / nb; c < (owner + 1) * nch / nb; c++)
+                        ss += theirs[threadIdx.x * nch + c];
                 }
                 rms[threadIdx.x] = 1.0f / sqrtf(ss / (float)H + sh.eps);
             }
@@ -97,7 +96,8 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
             __syncthreads();
             if (threadIdx.x < K && live[threadIdx.x]) {
                 float ss = 0.0f;
-                for (int c = 0; c < nch; c++) ss += css[threadIdx.x * nch + c];
+                for (int c = 0; c < nch; c++)
+                    ss += css[threadIdx.x * nch + c];
                 rms[threadIdx.x] = 1.0f / sqrtf(ss / (float)H + sh.eps);
             }
             __syncthreads();
@@ -128,36 +128,29 @@ __global__ void sm90_combine_kernel(mm_dev_shape sh, mm_buffer_layout L, const u
     }
 }
 
-
-/* The chunk sums take K x H / 128 floats of dynamic shared memory: opted in once per layer shape at
- * finalize, on the layer's device, outside any capture. */
+/* The chunk sums take K x H / 128 floats of dynamic shared memory: opted in at finalize, on the
+ * layer's device, outside any capture. The opt-in is the device's, per kernel, shared by every layer
+ * on it: it is raised to what this layer needs, never lowered below what the device already allows
+ * another (read back from the runtime, which holds it). */
 megamoe_status sm90_combine_prepare(int K, int H) {
-    static int opted_on[MM_MAX_DEVICES]; /* per device: the most any layer needed (never lowered) */
-    int device = 0;
-    MM_CUDA_TRY(cudaGetDevice(&device));
-    if (device < 0 || device >= MM_MAX_DEVICES) return MEGAMOE_ERR_UNSUPPORTED;
-    int &opted = opted_on[device];
     const int bytes = K * (H / 128) * 4;
-    if (bytes > 48 * 1024 && bytes > opted) {
-        opted = bytes;
-        MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_combine_kernel<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, opted));
-        MM_CUDA_TRY(cudaFuncSetAttribute((const void *)sm90_combine_kernel<true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, opted));
+    if (bytes <= 48 * 1024) return MEGAMOE_OK;
+    const void *forms[2] = {(const void *)sm90_combine_kernel<false>,
+                            (const void *)sm90_combine_kernel<true>};
+    for (const void *f : forms) {
+        cudaFuncAttributes attr;
+        MM_CUDA_TRY(cudaFuncGetAttributes(&attr, f));
+        if (attr.maxDynamicSharedSizeBytes < bytes)
+            MM_CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     }
     return MEGAMOE_OK;
 }
 
-megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, const uint8_t *base,
-                                   const float *gamma, const mm_dev_rank_args &a, uint8_t *err_words,
-                                   uint8_t *host_err, cudaStream_t s) {
+megamoe_status sm90_combine_launch(const combine_plan &c, const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                   const uint8_t *base, const float *gamma, const mm_dev_rank_args &a,
+                                   uint8_t *err_words, uint8_t *host_err, cudaStream_t s) {
     if (a.T == 0 && !host_err) return MEGAMOE_OK;
-    const int nch = sh.H / 128, smem = sh.K * nch * 4;
-    const int T = a.T > 0 ? a.T : 1;
-    if (a.T <= MM_COMBINE_CLUSTER_TOKENS) {
-        /* A warp per chunk of the block's share (at most 32 warps). */
-        const int per_block = (nch + MM_COMBINE_CLUSTER - 1) / MM_COMBINE_CLUSTER;
-        const int threads = per_block > 32 ? 1024 : per_block * 32;
+    if (c.cluster) {
         cudaLaunchAttribute attr[2];
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -166,18 +159,17 @@ megamoe_status sm90_combine_launch(const mm_dev_shape &sh, const mm_buffer_layou
         attr[1].val.clusterDim.y = 1;
         attr[1].val.clusterDim.z = 1;
         cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(T * MM_COMBINE_CLUSTER);
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = smem;
+        cfg.gridDim = dim3(c.blocks);
+        cfg.blockDim = dim3(c.threads);
+        cfg.dynamicSmemBytes = c.smem;
         cfg.stream = s;
         cfg.attrs = attr;
         cfg.numAttrs = 2;
-        MM_CUDA_TRY(cudaLaunchKernelEx(&cfg, sm90_combine_kernel<true>, sh, L, base, gamma, a, err_words, host_err));
+        MM_CUDA_TRY(
+            cudaLaunchKernelEx(&cfg, sm90_combine_kernel<true>, sh, L, base, gamma, a, err_words, host_err));
     } else {
-        /* A thread per 16 columns (448 for H = 7168): four 16-byte loads per slot row each. */
-        const int n = sh.H / 16, threads = n < 64 ? 64 : n > 1024 ? 1024 : (n + 31) / 32 * 32;
-        MM_CUDA_TRY(mm_launch(sm90_combine_kernel<false>, T, threads, smem, s, sh, L, base, gamma, a, err_words,
-                              host_err));
+        MM_CUDA_TRY(mm_launch(sm90_combine_kernel<false>, c.blocks, c.threads, c.smem, s, sh, L, base, gamma,
+                              a, err_words, host_err));
     }
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;

@@ -44,22 +44,24 @@
 #include "ptx/bulk_copy.cuh"
 #include "ptx/mbarrier.cuh"
 
-#define ST_WARPS MM_STREAM_WARPS     /* consumer warps (4); one producer warp more */
+#define ST_WARPS MM_STREAM_WARPS /* consumer warps (4); one producer warp more */
 #define ST_THREADS ((ST_WARPS + 1) * 32)
-#define ST_COLS 16                   /* tokens per chunk */
-#define ST_COLS_WIDE 32 /* tokens per chunk of the wide instantiation (STREAM_WIDE: 8-16 tokens per expert) */
-#define ST_BLOCKS_WIDE 3 /* its blocks per SM: 32 token rows and 4 n-tiles of accumulators each */
-#define ST_CODES 4096                /* one slab step: 8 groups x 512 B of codes */
-#define ST_SCALES 512                /*                8 groups x 64 B of scales */
+#define ST_COLS 16 /* tokens per chunk */
+/* tokens per chunk of the wide instantiation (STREAM_WIDE: 8-16 tokens per expert) */
+#define ST_COLS_WIDE 32
+#define ST_CODES 4096      /* one slab step: 8 groups x 512 B of codes */
+#define ST_SCALES 512      /*                8 groups x 64 B of scales */
 #define MM_STREAM_UNROLL 4 /* K steps per consumer loop iteration (4 beats 1 at 8-128 tokens, DECISIONS) */
-#define ST_STAGES 8                  /* K steps the ring holds */
+#define ST_STAGES 8        /* K steps the ring holds */
 #define ST_BLOCKS_PER_SM MM_STREAM_BLOCKS_PER_SM
-#define ST_STAGES_MORE 6 /* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
-#define ST_PAIR 2 /* K steps per ring slot (one bulk copy each of codes and scales; per-slot layout: token row) */
-#define ST_MAX_LOCAL 72              /* ranks on one GPU (megamoe_group_config.num_ranks) */
+/* K steps the ring holds in the instantiation with one block per SM more (plan_stream_more_blocks) */
+#define ST_STAGES_MORE 6
+/* K steps per ring slot (one bulk copy each of codes and scales; per-slot layout: token row) */
+#define ST_PAIR 2
 #define ST_XG 4 /* grouped layout: K steps per activation copy (ST_XG / ST_PAIR neighbouring ring slots) */
-#define ST_XG_MIN_COLS 3 /* grouped layout: chunks of fewer tokens still copy per slot (a group's copy
-                          * waits for the slot of its last step: a slot less lookahead) */
+/* grouped layout: chunks of fewer tokens still copy per slot (a group's copy waits for the slot of
+ * its last step: a slot less lookahead) */
+#define ST_XG_MIN_COLS 3
 
 /* Two shared-memory layouts of the ring, one kernel instantiation each (DECISIONS 35). In both a
  * slot holds `steps` K steps (ST_PAIR; 1 in the instantiation with a block per SM more): their
@@ -73,25 +75,27 @@
  *   live in one region, a token's row holding its steps of every slot (slot s at s * steps * 128),
  *   so one bulk copy per token brings ST_XG steps, `group` slots. Faster from ~4 tokens per expert,
  *   slower at ~1 (the layout, not the grouping, costs there): DECISIONS 89. */
-template <bool XG, int B = ST_BLOCKS_PER_SM, int COLS = ST_COLS>
-struct st_lay {
+template <bool XG, int B = ST_BLOCKS_PER_SM, int COLS = ST_COLS> struct st_lay {
     static constexpr bool grouped = XG;
     static constexpr int blocks = B;
-    static constexpr int cols = COLS; /* tokens per chunk */
+    static constexpr int cols = COLS;                                /* tokens per chunk */
     static constexpr int steps = B > ST_BLOCKS_PER_SM ? 1 : ST_PAIR; /* K steps per slot */
     static constexpr int stages = (B > ST_BLOCKS_PER_SM ? ST_STAGES_MORE : ST_STAGES) / steps; /* slots */
     static constexpr int wbytes = steps * (ST_CODES + ST_SCALES); /* a slot's weights: codes, then scales */
-    static constexpr int gxrow = stages * steps * 128 + 16; /* grouped layout: a token's row, its steps of every slot */
+    static constexpr int gxrow =
+        stages * steps * 128 + 16; /* grouped layout: a token's row, its steps of every slot */
     static constexpr int pxrow = steps * 128 + 16; /* per-slot layout: a token's row, its steps and 16 B */
     static constexpr int slot = wbytes + (XG ? COLS * 8 : COLS * pxrow);
     static constexpr int xrow = XG ? gxrow : pxrow;
     static constexpr int smem = stages * slot + (XG ? COLS * gxrow : 0);
     static constexpr int group = XG ? ST_XG / steps : 1; /* slots per token-row copy */
     static_assert(xrow % 16 == 0 && (xrow / 4) % 32 == 4, "16-byte rows, conflict-free B reads");
-    static_assert(slot % 128 == 0 && stages % group == 0 && (!XG || ST_XG % steps == 0), "aligned slots, whole groups");
+    static_assert(slot % 128 == 0 && stages % group == 0 && (!XG || ST_XG % steps == 0),
+                  "aligned slots, whole groups");
     /* At most 2048 B of static shared memory (ptxas: 768-1152) and the 1 KB the system reserves per
      * block; the 4-block rings leave 4-5 KB of an SM's 228 KB. */
-    static_assert(B * (smem + 2048 + 1024) <= 233472, "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
+    static_assert(B * (smem + 2048 + 1024) <= 233472,
+                  "the blocks fit an SM's shared memory (static + 1 KB reserved each)");
     /* The weights of a slot (step j's codes at + j * ST_CODES, its scales at + sf(j)); its token rows
      * (token t's at + t * xrow, step j's 128 B at + j * 128); token t's code and scale. */
     static __device__ __forceinline__ uint8_t *w(uint8_t *ring, int s) { return ring + s * slot; }
@@ -106,7 +110,8 @@ struct st_lay {
 
 /* Split-K partial sums: [split][slab][row of the rank's slots][128 rows of the slab] f32 in the
  * split-K workspace (plan_stream_splits keeps them inside it). */
-__device__ __forceinline__ float *st_partial(float *ws, int Y, long slots, int split, int y, int slot_row, int row) {
+__device__ __forceinline__ float *st_partial(float *ws, int Y, long slots, int split, int y, int slot_row,
+                                             int row) {
     return ws + (((size_t)split * Y + y) * slots + slot_row) * 128 + row;
 }
 
@@ -118,7 +123,9 @@ struct st_header {
 /* The packed field tc (split-K's last arriver): tile, the chunk's index in it, the tile's tokens. */
 __device__ __forceinline__ int st_tile(const st_header &h) { return h.tc >> 9; }
 __device__ __forceinline__ int st_tcols(const st_header &h) { return h.tc & 127; }
-__device__ __forceinline__ int st_tfirst(const st_header &h, int cols) { return h.first - ((h.tc >> 7) & 3) * cols; }
+__device__ __forceinline__ int st_tfirst(const st_header &h, int cols) {
+    return h.first - ((h.tc >> 7) & 3) * cols;
+}
 
 struct st_params {
     int Y, nkc, splits, items;
@@ -131,7 +138,8 @@ struct st_params {
 __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks, const st_params &p, int &r,
                                         int &tile, int &y, int &split) {
     r = 0;
-    while (r + 1 < local_ranks && i >= base[r + 1]) r++;
+    while (r + 1 < local_ranks && i >= base[r + 1])
+        r++;
     const int local = i - base[r];
     split = local % p.splits;
     y = (local / p.splits) % p.Y;
@@ -146,17 +154,17 @@ __device__ __forceinline__ void st_item(int i, const int *base, int local_ranks,
  * block therefore cannot end before the previous kernel has; a block that leaves without streaming
  * waits first as well, so this kernel's end always implies the previous kernel's (the completion
  * chain of DECISIONS 41). Elsewhere the kernel's first act. */
-template <int PHASE>
-__device__ __forceinline__ void st_wait_for_inputs() {
+template <int PHASE> __device__ __forceinline__ void st_wait_for_inputs() {
     if (PHASE == PHASE_DOWN) {
         mm_wait_previous();
     }
 }
 
 template <int PHASE, class lay>
-__device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                           const mm_dev_weights *weights, const st_params &p, const int *base,
-                                           uint8_t *ring, uint64_t *full, uint64_t *empty, st_header *hdr) {
+__device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                           uint8_t *const *peers, const mm_dev_weights *weights,
+                                           const st_params &p, const int *base, uint8_t *ring, uint64_t *full,
+                                           uint64_t *empty, st_header *hdr) {
     const int lane = threadIdx.x & 31;
     const int groups_per_expert = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 16;
     constexpr bool XG = lay::grouped;
@@ -222,10 +230,11 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                     if (lane < nc) {
                         const bool gth = PHASE == PHASE_GATE_UP && rank_gathered(sh, L, mine);
                         slot_info si;
-                        code = tile_column<PHASE, true>(sh, L, peers, mine, gth, sh.first_rank + r, row0, nc, lane, &si,
-                                                        &scale);
-                        xsrc = PHASE == PHASE_DOWN ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
-                                                   : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
+                        code = tile_column<PHASE, true>(sh, L, peers, mine, gth, sh.first_rank + r, row0, nc,
+                                                        lane, &si, &scale);
+                        xsrc = PHASE == PHASE_DOWN
+                                   ? mine + L.act + (size_t)(row0 + lane) * sh.I * 2
+                                   : peers[si.src] + gate_up_rows(sh, L, gth) + (size_t)si.token * sh.H * 2;
                     }
                     if (lane < lay::cols) {
                         *(int *)lay::meta(ring, slot, lane) = code;
@@ -243,9 +252,10 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
                  * them, after the first weights are on their way (W4A16's down waited above, before
                  * its scale read: the same wait, once per block, in one of the two places). */
                 if (n == 0 && !(PHASE == PHASE_DOWN && sh.bf16_act)) st_wait_for_inputs<PHASE>();
-                __syncwarp(); /* expect_tx before any completion */
+                __syncwarp();                         /* expect_tx before any completion */
                 if (lane < nc && (!XG || xsteps > 0)) /* per-slot: every slot has rows */
-                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps, &full[slot]);
+                    mm_bulk_copy(lay::x(ring, slot) + lane * lay::xrow, xsrc + (size_t)kc * 128, 128 * xsteps,
+                                 &full[slot]);
             }
         }
     }
@@ -265,12 +275,13 @@ __device__ __forceinline__ void st_produce(const mm_dev_shape &sh, const mm_buff
  * Element (q, i): column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1) of
  * the slab, at constant offsets from base. */
 template <int NI, int U, int N>
-__device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][N], const float *base, size_t split_stride,
-                                              int splits, int nc, int c) {
+__device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][N], const float *base,
+                                              size_t split_stride, int splits, int nc, int c) {
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-        for (int i = 0; i < N; i++) acc[q][i] = 0.0f;
+        for (int i = 0; i < N; i++)
+            acc[q][i] = 0.0f;
     for (int sp0 = 0; sp0 < splits; sp0 += U) {
         float v[U][GROUPS_PER_WARP][NI];
 #pragma unroll
@@ -280,7 +291,8 @@ __device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][N], 
 #pragma unroll
                 for (int i = 0; i < NI; i++) {
                     const int col = (i >> 2) * 8 + 2 * c + (i & 1);
-                    const size_t off = (size_t)(sp0 + u) * split_stride + ((i >> 2) * 8 + (i & 1)) * 128 + 16 * q + 8 * ((i & 3) >> 1);
+                    const size_t off = (size_t)(sp0 + u) * split_stride + ((i >> 2) * 8 + (i & 1)) * 128 +
+                                       16 * q + 8 * ((i & 3) >> 1);
                     v[u][q][i] = col < nc && sp0 + u < splits ? __ldcg(base + off) : 0.0f;
                 }
 #pragma unroll
@@ -299,9 +311,10 @@ __device__ __forceinline__ void st_sum_splits(float (&acc)[GROUPS_PER_WARP][N], 
  * time, a lane's 16 loads in flight (two at a time spilled registers of the streaming loop).
  * col_code / col_scale: this warp's column table. */
 template <int PHASE, int COLS>
-__device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
-                                               const mm_dev_weights *weights, const st_params &p, const st_header &h,
-                                               uint8_t *mine, int *col_code, float *col_scale) {
+__device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_buffer_layout &L,
+                                               uint8_t *const *peers, const mm_dev_weights *weights,
+                                               const st_params &p, const st_header &h, uint8_t *mine,
+                                               int *col_code, float *col_scale) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const float *ws = (const float *)(mine + L.splitk_ws);
     const size_t split_stride = (size_t)p.Y * p.slots * 128;
@@ -311,32 +324,32 @@ __device__ __forceinline__ void st_finish_warp(const mm_dev_shape &sh, const mm_
         __syncwarp(); /* the previous chunk's epilogue has read the column table */
         if (lane < COLS) {
             slot_info si; /* unused: the epilogue decodes the codes itself */
-            col_code[lane] = tile_column<PHASE, true>(sh, L, peers, mine, false, sh.first_rank + h.r, first, nc, lane, &si,
-                                                      &col_scale[lane]);
+            col_code[lane] = tile_column<PHASE, true>(sh, L, peers, mine, false, sh.first_rank + h.r, first,
+                                                      nc, lane, &si, &col_scale[lane]);
         }
         __syncwarp();
-        /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1), row 16 (2 warp + q) + g + 8 ((i & 3) >> 1)
-         * of the slab; offsets from one base are constants. */
+        /* Element (q, i) of the lane: column (i >> 2) * 8 + 2c + (i & 1),
+         * row 16 (2 warp + q) + g + 8 ((i & 3) >> 1) of the slab; offsets from one base are constants. */
         const float *base = st_partial((float *)ws, p.Y, p.slots, 0, h.y, first + 2 * c, 32 * warp + g);
         float acc[GROUPS_PER_WARP][COLS / 2];
         st_sum_splits<COLS / 2, 1>(acc, base, split_stride, p.splits, nc, c);
-        gemm_epilogue<PHASE, true, COLS / 8, true>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc, (nc + 7) / 8,
-                                                   8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+        gemm_epilogue<PHASE, true, COLS / 8, true>(acc, sh, L, peers, mine, weights[h.r], h.e, first, nc,
+                                                   (nc + 7) / 8, 8 * h.y + GROUPS_PER_WARP * warp, col_code,
+                                                   col_scale, lane);
     }
 }
 
 /* A consumer thread's shared-memory addresses for ring slot 0 (slot s: + s * lay::slot, the grouped
- * layout's token rows + s * lay::steps * 128): its 16 B of codes of group 2 warp, its 8 B of scales (row g) of
- * that group, its row of the first ldmatrix of the token rows; and the full barriers (the empty
- * ones follow them, lay::stages * 8 bytes on: one array, so a slot's empty barrier is an immediate
- * offset from its full one). Computed once per chunk and kept opaque to the compiler, which
- * otherwise recomputes them from the thread index and the shared window in K loop iterations;
- * not at 5 blocks per SM, whose 72 registers spill more when they stay in registers. */
+ * layout's token rows + s * lay::steps * 128): its 16 B of codes of group 2 warp, its 8 B of scales (row g)
+ * of that group, its row of the first ldmatrix of the token rows; and the full barriers (the empty ones
+ * follow them, lay::stages * 8 bytes on: one array, so a slot's empty barrier is an immediate offset from its
+ * full one). Computed once per chunk and kept opaque to the compiler, which otherwise recomputes them from
+ * the thread index and the shared window in K loop iterations; not at 5 blocks per SM, whose 72 registers
+ * spill more when they stay in registers. */
 struct st_addr {
     uint32_t codes, scales, rows, full;
 };
-template <class lay>
-__device__ __forceinline__ st_addr st_thread_addr(uint8_t *ring, uint64_t *full) {
+template <class lay> __device__ __forceinline__ st_addr st_thread_addr(uint8_t *ring, uint64_t *full) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     st_addr a = {mm_smem_u32(ring + GROUPS_PER_WARP * warp * 512 + lane * 16),
                  mm_smem_u32(ring + lay::sf(0) + GROUPS_PER_WARP * warp * 64 + g * 8),
@@ -388,7 +401,8 @@ __device__ __forceinline__ void st_slot_step(float (&acc)[GROUPS_PER_WARP][NT * 
             uint32_t a[4];
             decode_a<true>(w[q], s, a);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mma_m16n8k16<false>(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
+            for (int nt = 0; nt < NT; nt++)
+                mma_m16n8k16<false>(&acc[q][nt * 4], a, b[s][nt][0], b[s][nt][1]);
         }
 }
 
@@ -407,7 +421,8 @@ st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *con
 #pragma unroll
     for (int q = 0; q < GROUPS_PER_WARP; q++)
 #pragma unroll
-        for (int i = 0; i < NT * 4; i++) acc[q][i] = 0.0f;
+        for (int i = 0; i < NT * 4; i++)
+            acc[q][i] = 0.0f;
     const int full_slots = h.steps / P;
     const st_addr ad = st_thread_addr<lay>(ring, full);
 #pragma unroll(UR)
@@ -435,12 +450,13 @@ st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *con
             for (int i = 0; i < NT * 4; i++) {
                 const int col = (i >> 2) * 8 + 2 * c + (i & 1);
                 const int row = 16 * (GROUPS_PER_WARP * warp + q) + g + 8 * ((i & 3) >> 1);
-                if (col < h.ncols) __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
+                if (col < h.ncols)
+                    __stcg(st_partial(ws, p.Y, p.slots, h.split, h.y, h.first + col, row), acc[q][i]);
             }
         __syncwarp(); /* the warp's partial sums before lane 0's release */
         /* One counter per (tile, slab, warp): the warp's 32 rows of every split and chunk of the tile. */
-        int *counter = (int *)(mine + L.splitk_counters) +
-                       (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp);
+        int *counter =
+            (int *)(mine + L.splitk_counters) + (((size_t)st_tile(h) * p.Y + h.y) * ST_WARPS + warp);
         int old = 0;
         if (lane == 0) {
             mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
@@ -456,14 +472,14 @@ st_consume_chunk(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *con
         return true; /* the caller adds the splits up (st_finish_warp, inlined once) */
     }
     gemm_epilogue<PHASE, true, NT, true>(acc, sh, L, peers, mine, weights[h.r], h.e, h.first, h.ncols, NT,
-                                   8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
+                                         8 * h.y + GROUPS_PER_WARP * warp, col_code, col_scale, lane);
     return false;
 }
 
 template <int PHASE, bool XG, int B, int U, int COLS>
 __global__ void __launch_bounds__(ST_THREADS, B)
     sm90_expert_stream_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
-                              const mm_dev_weights *weights, int force, long host_slots, int host_splits,
+                              const mm_dev_weights *weights, gemm_rule rule, long host_slots, int host_splits,
                               int host_ordered) {
     constexpr bool early = PHASE == PHASE_DOWN; /* st_wait_for_inputs */
     if (!early) {
@@ -474,25 +490,27 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     __shared__ __align__(8) uint64_t bars[2 * lay::stages]; /* full, then empty (st_addr) */
     uint64_t *full = bars, *empty = bars + lay::stages;
     __shared__ st_header hdr[lay::stages];
-    __shared__ int base[ST_MAX_LOCAL + 1];
+    __shared__ int base[MM_MAX_RANKS + 1]; /* ranks on one GPU: at most a group's */
     __shared__ int col_code[ST_WARPS][COLS];
     __shared__ float col_scale[ST_WARPS][COLS];
 
-    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I, Y = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
+    const int Kdim = PHASE == PHASE_GATE_UP ? sh.H : sh.I,
+              Y = (PHASE == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128;
     st_params p;
     p.Y = Y;
     p.nkc = Kdim / BK;
     p.ordered = host_ordered;
     /* The local ranks' tile counts are read by one thread each while every thread reads the group's
      * token count (two independent latencies instead of one after the other). */
-    if (threadIdx.x < sh.local_ranks) base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
-    if (host_splits > 0) { /* one process: the host's plan is this kernel's (sm90_expert_stream_launch) */
+    if (threadIdx.x < sh.local_ranks)
+        base[threadIdx.x + 1] = *(const int32_t *)(peers[sh.first_rank + threadIdx.x] + L.num_tiles);
+    if (host_splits >
+        0) { /* one process: the host's plan is this kernel's (gemm_plan.h plan_stream_launch) */
         p.slots = host_slots;
         p.splits = host_splits;
     } else {
         p.slots = global_slots(sh, L, peers);
-        if (gemm_choice(force, p.slots, sh.E, plan_splitk(p.slots, sh.E, Y, p.nkc).splits, true, min(sh.H, sh.I)) !=
-            GEMM_STREAM) {
+        if (gemm_device_choice<PHASE, true>(rule, sh, p.slots, p.nkc).kernel != GEMM_STREAM) {
             if (early) mm_wait_previous(); /* the completion chain (st_wait_for_inputs) */
             return;
         }
@@ -500,10 +518,12 @@ __global__ void __launch_bounds__(ST_THREADS, B)
     }
     __syncthreads(); /* the tile counts */
     if (threadIdx.x == 0) {
-        for (int i = 0; i < lay::stages; i++) mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
+        for (int i = 0; i < lay::stages; i++)
+            mm_mbar_init(&full[i], 1), mm_mbar_init(&empty[i], ST_WARPS);
         mm_mbar_init_fence();
         base[0] = 0;
-        for (int r = 0; r < sh.local_ranks; r++) base[r + 1] = base[r] + base[r + 1] * Y * p.splits;
+        for (int r = 0; r < sh.local_ranks; r++)
+            base[r + 1] = base[r] + base[r + 1] * Y * p.splits;
     }
     __syncthreads();
     p.items = base[sh.local_ranks];
@@ -530,62 +550,47 @@ __global__ void __launch_bounds__(ST_THREADS, B)
         }
         __syncwarp();
         /* n-tiles of 8 tokens: all of a chunk's, or half of them for a chunk of at most half its tokens */
-        const bool last = h.ncols > COLS / 2
-                              ? st_consume_chunk<PHASE, lay, COLS / 8, U>(sh, L, peers, weights, p, h, ring, full,
-                                                                          col_code[warp], col_scale[warp], n)
-                              : st_consume_chunk<PHASE, lay, COLS / 16, U>(sh, L, peers, weights, p, h, ring, full,
-                                                                           col_code[warp], col_scale[warp], n);
-        if (last) st_finish_warp<PHASE, COLS>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r], col_code[warp], col_scale[warp]);
+        const bool last =
+            h.ncols > COLS / 2
+                ? st_consume_chunk<PHASE, lay, COLS / 8, U>(sh, L, peers, weights, p, h, ring, full,
+                                                            col_code[warp], col_scale[warp], n)
+                : st_consume_chunk<PHASE, lay, COLS / 16, U>(sh, L, peers, weights, p, h, ring, full,
+                                                             col_code[warp], col_scale[warp], n);
+        if (last)
+            st_finish_warp<PHASE, COLS>(sh, L, peers, weights, p, h, peers[sh.first_rank + h.r],
+                                        col_code[warp], col_scale[warp]);
         __syncwarp(); /* the column table is read before the next chunk rewrites it */
     }
 }
 
-/* The kernel's instantiations, one table for the launch and the shared-memory opt-in: the per-slot
- * and grouped layouts at ST_BLOCKS_PER_SM, the per-slot one at a block per SM more, the per-slot
- * one with the K loop not unrolled, and the grouped one on 32-token chunks at ST_BLOCKS_WIDE. */
-using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *, int, long, int,
-                              int);
+/* The instance table, one row per variant (gemm_plan.h plan_stream_variant: STREAM_PER_SLOT, _GROUPED,
+ * _MORE_BLOCKS, _ROLLED, _WIDE) with both phases, read by the launch and the opt-in: the per-slot and
+ * grouped layouts at MM_STREAM_BLOCKS_PER_SM, the per-slot one at a block per SM more, the per-slot
+ * one with the K loop not unrolled, and the grouped one on 32-token chunks at MM_STREAM_WIDE_BLOCKS. */
+using st_kernel_fn = void (*)(mm_dev_shape, mm_buffer_layout, uint8_t *const *, const mm_dev_weights *,
+                              gemm_rule, long, int, int);
 struct st_variant {
     st_kernel_fn kernel[2]; /* [phase] */
     int smem, blocks_per_sm;
 };
-template <bool XG, int B, int U = MM_STREAM_UNROLL, int COLS = ST_COLS>
+template <int VARIANT, bool XG, int U = MM_STREAM_UNROLL, int COLS = ST_COLS>
 static constexpr st_variant st_variant_of() {
-    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U, COLS>, sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U, COLS>},
+    constexpr int B = plan_stream_blocks_per_sm(VARIANT);
+    return {{sm90_expert_stream_kernel<PHASE_GATE_UP, XG, B, U, COLS>,
+             sm90_expert_stream_kernel<PHASE_DOWN, XG, B, U, COLS>},
             st_lay<XG, B, COLS>::smem,
             B};
 }
-/* [plan_stream_variant: STREAM_PER_SLOT, _GROUPED, _MORE_BLOCKS, _ROLLED, _WIDE] */
 static const st_variant st_variants[STREAM_VARIANTS] = {
-    st_variant_of<false, ST_BLOCKS_PER_SM>(), st_variant_of<true, ST_BLOCKS_PER_SM>(),
-    st_variant_of<false, ST_BLOCKS_PER_SM + 1>(), st_variant_of<false, ST_BLOCKS_PER_SM, 1>(),
-    st_variant_of<true, ST_BLOCKS_WIDE, MM_STREAM_UNROLL, ST_COLS_WIDE>()};
+    st_variant_of<STREAM_PER_SLOT, false>(), st_variant_of<STREAM_GROUPED, true>(),
+    st_variant_of<STREAM_MORE_BLOCKS, false>(), st_variant_of<STREAM_ROLLED, false, 1>(),
+    st_variant_of<STREAM_WIDE, true, MM_STREAM_UNROLL, ST_COLS_WIDE>()};
 
-megamoe_status sm90_expert_stream_launch(int phase, const mm_dev_shape &sh, const mm_buffer_layout &L,
-                                         uint8_t *const *peers, const mm_dev_weights *weights, int tiles, long slots,
-                                         int force, cudaStream_t s) {
-    if (sh.local_ranks > ST_MAX_LOCAL) return MEGAMOE_ERR_UNSUPPORTED; /* refused at group creation */
-    int sms = 0;
-    MM_CUDA_TRY(mm_device_sms(&sms));
-    /* A persistent grid; the items of a forward are known on the device only, bounded here. */
-    const int Y = (phase == PHASE_GATE_UP ? 2 * sh.I : sh.H) / 128, nkc = (phase == PHASE_GATE_UP ? sh.H : sh.I) / BK;
-    /* The instantiation from the host-known slot count (numerics are the same in every one). */
-    const st_variant &v = st_variants[plan_stream_variant(slots, sh.E, sh.E_r * sh.local_ranks, Y, nkc, sms)];
-    const long resident = (long)v.blocks_per_sm * sms;
-    const long bound = (long)sh.local_ranks * tiles * Y * 16;
-    const int grid = (int)(bound < resident ? bound : resident);
-    if (grid <= 0) return MEGAMOE_OK;
-    /* One process: the slot count is the group's, so the kernel's choice (the host launched this
-     * kernel because it is the choice) and its split plan are known here; the blocks take them as
-     * arguments instead of reading the token count and planning (64-bit divisions, code fetched cold
-     * at decode) before their first copy. NCCL: 0, the blocks plan from the group's count. */
-    const bool one_process = sh.local_ranks == sh.R;
-    const int host_splits = one_process ? plan_stream_splits(slots, sh.E, Y, nkc) : 0;
-    /* The routing ordered the tiles (one process, its one-kernel path): most tokens first. */
-    const int ordered = sm90_route_orders_tiles(sh, slots);
-    MM_CUDA_TRY(mm_launch(v.kernel[phase], grid, ST_THREADS, v.smem, s, sh, L, peers, weights, force,
-                          one_process ? slots : 0L, host_splits, ordered));
-    MM_CUDA_TRY(cudaGetLastError());
+megamoe_status sm90_expert_stream_launch(const gemm_launch &g, const mm_gemm_args &a, cudaStream_t s) {
+    if (a.sh.local_ranks > MM_MAX_RANKS) return MEGAMOE_ERR_UNSUPPORTED; /* refused at group creation */
+    const st_variant &v = st_variants[g.instance];
+    MM_CUDA_TRY(mm_launch(v.kernel[g.phase], gemm_grid(g), ST_THREADS, v.smem, s, a.sh, a.L, a.peers,
+                          a.weights, g.rule, g.host_slots, g.host_splits, g.ordered));
     return MEGAMOE_OK;
 }
 
@@ -593,7 +598,8 @@ megamoe_status sm90_expert_stream_prepare() {
     for (const st_variant &v : st_variants)
         for (st_kernel_fn k : v.kernel) {
             MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
-            MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+            MM_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared));
             /* The split plan and the persistent grid count on blocks_per_sm resident blocks; the
              * rings of 4 blocks leave 4-5 KB of the H200's 228 KB (dynamic + static + the 1 KB the
              * system reserves per block), so a little more static shared memory would leave a
@@ -601,9 +607,9 @@ megamoe_status sm90_expert_stream_prepare() {
             int resident = 0;
             MM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, ST_THREADS, v.smem));
             if (resident < v.blocks_per_sm)
-                return mm_cuda_error(cudaErrorLaunchOutOfResources, "streaming kernel residency (fewer blocks per SM than planned)",
+                return mm_cuda_error(cudaErrorLaunchOutOfResources,
+                                     "streaming kernel residency (fewer blocks per SM than planned)",
                                      __FILE__, __LINE__);
         }
     return MEGAMOE_OK;
 }
-

@@ -12,8 +12,8 @@
  * the routing's slot_scale). The copies are exact, so y does not depend on whether a rank gathered. */
 #define GATHER_THREADS 256
 #define GATHER_UNROLL 4
-__global__ void __launch_bounds__(GATHER_THREADS) sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L,
-                                                                     uint8_t *const *peers) {
+__global__ void __launch_bounds__(GATHER_THREADS)
+    sm90_gather_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers) {
     mm_wait_previous();
     uint8_t *mine = peers[sh.first_rank + blockIdx.y];
     if (!rank_gathered(sh, L, mine)) return; /* across GPUs: few slot rows, read where they are */

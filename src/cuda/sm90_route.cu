@@ -11,13 +11,12 @@
 #include "launch.h"
 #include "route.cuh"
 
-
 /* Calls f(code, match, scale) for every staged slot of every home rank, blockDim.x at a time, in
  * order; all threads of the block take part in every call. SCALE: scale is a matching slot's
  * token's NVFP4 activation scale, else 1. */
 template <bool SCALE = false, typename F>
-__device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
-                              F f) {
+__device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                              int expert, F f) {
     for (int src = 0; src < sh.R; src++) {
         const uint8_t *b = peers[src];
         const int n = *(const int32_t *)(b + L.num_tokens) * sh.K;
@@ -28,7 +27,8 @@ __device__ void for_each_slot(const mm_dev_shape &sh, const mm_buffer_layout &L,
             const bool match = j < n && ids[j] == expert && state[j / sh.K] == MM_TOKEN_LIVE;
             /* Only a live token has a scale (the stage kernel writes none for padding or non-finite
              * tokens): read it for the matching slots only. */
-            const float scale = SCALE && sh.nvfp4 && match ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
+            const float scale =
+                SCALE && sh.nvfp4 && match ? ((const float *)(b + L.x_scale))[j / sh.K] : 1.0f;
             f((src * sh.T_max) * sh.K + j, match, scale);
         }
     }
@@ -48,13 +48,14 @@ __global__ void sm90_route_tiles_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
     mm_wait_previous();
     uint8_t *b = peers[sh.first_rank + blockIdx.x];
     const int32_t *count = (const int32_t *)(b + L.expert_count);
-    route_write_tiles(sh, L, b, [&](int e) { return count[e]; }, [](int, int, int) {});
+    route_write_tiles(
+        sh, L, b, [&](int e) { return count[e]; }, [](int, int, int) {});
 }
 
 /* Writes the slot codes routed to global expert `expert`, in order, from slots[0] on, and their
  * tokens' activation scales from scales[0] on (NVFP4; 1 for BF16). */
-__device__ void fill_expert(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers, int expert,
-                            int32_t *slots, float *scales) {
+__device__ void fill_expert(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
+                            int expert, int32_t *slots, float *scales) {
     __shared__ int warp_counts[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int pos = 0;
@@ -283,13 +284,15 @@ __global__ void __launch_bounds__(ROUTE_CHUNK_WARPS * 32)
  * and fill in one kernel, one block per (local expert, rank). Every block counts all of its rank's
  * experts itself in a shared-memory histogram (E_r ints of dynamic shared memory), so no block waits
  * for another and two kernel boundaries go. Same tables, same slot order as the three kernels. */
-__global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers, int order) {
+__global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uint8_t *const *peers,
+                                        int order) {
     mm_wait_previous();
     extern __shared__ int hist[];
     __shared__ int sums[4][32];
     const int e = blockIdx.x, r = sh.first_rank + blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x) hist[i] = 0;
+    for (int i = threadIdx.x; i < sh.E_r; i += blockDim.x)
+        hist[i] = 0;
     __syncthreads();
     for (int src = 0; src < sh.R; src++) {
         const uint8_t *b = peers[src];
@@ -310,13 +313,15 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
         v[2] += n, v[3] += t;
     }
     for (int k = 0; k < 4; k++) {
-        for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], o);
+        for (int o = 16; o > 0; o >>= 1)
+            v[k] += __shfl_xor_sync(0xFFFFFFFFu, v[k], o);
         if (lane == 0) sums[k][warp] = v[k];
     }
     __syncthreads();
     int slot_before = 0, tile_before = 0, slot_total = 0, tile_total = 0;
     for (int w = 0; w < nwarps; w++)
-        slot_before += sums[0][w], tile_before += sums[1][w], slot_total += sums[2][w], tile_total += sums[3][w];
+        slot_before += sums[0][w], tile_before += sums[1][w], slot_total += sums[2][w],
+            tile_total += sums[3][w];
     uint8_t *b = peers[r];
     const int count = hist[e], tiles = (count + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
     if (threadIdx.x == 0) {
@@ -327,18 +332,16 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
             *(int32_t *)(b + L.num_tiles) = tile_total;
         }
     }
-    for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
-        ((int32_t *)(b + L.tile_expert))[tile_before + i] = e;
-        ((int32_t *)(b + L.tile_start))[tile_before + i] = i * MM_TILE_TOKENS;
-        ((int2 *)(b + L.tile_rows))[tile_before + i] =
-            make_int2(slot_before + i * MM_TILE_TOKENS, min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
-    }
-    if (order) { /* this expert's tiles' places in the rank's tile order (sm90_route_orders_tiles) */
+    for (int i = threadIdx.x; i < tiles; i += blockDim.x)
+        route_tile_table(L, b).store(tile_before + i, e, i * MM_TILE_TOKENS, slot_before + i * MM_TILE_TOKENS,
+                                     min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS));
+    if (order) { /* this expert's tiles' places in the rank's tile order (plan_route_orders_tiles) */
         int32_t *ord = (int32_t *)(b + L.tile_order);
         for (int i = 0; i < tiles; i++) { /* tiles is the block's: every thread takes each turn */
             const int c = min(MM_TILE_TOKENS, count - i * MM_TILE_TOKENS);
             int before = 0, at;
-            for (int x = threadIdx.x; x < sh.E_r; x += blockDim.x) before += tile_order_before(hist[x], x, e, i, c);
+            for (int x = threadIdx.x; x < sh.E_r; x += blockDim.x)
+                before += tile_order_before(hist[x], x, e, i, c);
             block_exclusive_scan(before, &at);
             if (threadIdx.x == 0) ord[at] = tile_before + i;
         }
@@ -350,9 +353,6 @@ __global__ void sm90_route_small_kernel(mm_dev_shape sh, mm_buffer_layout L, uin
 int sm90_route_plan(const mm_dev_shape &sh, long total_tokens) {
     return plan_route(sh.local_ranks == sh.R, sh.R, total_tokens, sh.K, sh.E_r, sh.H);
 }
-bool sm90_route_orders_tiles(const mm_dev_shape &sh, long total_slots) {
-    return plan_route_orders_tiles(sm90_route_plan(sh, total_slots / sh.K), sh.nvfp4, total_slots, sh.E);
-}
 
 megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout &L, uint8_t *const *peers,
                                  int route, long total_slots, cudaStream_t s) {
@@ -363,7 +363,8 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
                               plan_route_orders_tiles(route, sh.nvfp4, total_slots, sh.E)));
         return MEGAMOE_OK;
     }
-    if (route == ROUTE_CHUNKS) { /* the layout holds route_chunks exactly then (E_r <= MM_ROUTE_CHUNK_EXPERTS) */
+    if (route ==
+        ROUTE_CHUNKS) { /* the layout holds route_chunks exactly then (E_r <= MM_ROUTE_CHUNK_EXPERTS) */
         const dim3 chunks((unsigned)(sh.R * L.route_chunks_per_src), local_ranks);
         /* a count per local expert: the chunk's (count), each warp's (fill) */
         const size_t hist = (size_t)sh.E_r * sizeof(int);
@@ -385,4 +386,3 @@ megamoe_status sm90_route_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }
-

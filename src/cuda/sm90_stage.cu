@@ -210,9 +210,11 @@ megamoe_status sm90_stage_launch(const mm_dev_shape &sh, const mm_buffer_layout 
     const int blocks = a.T > 0 ? a.T : 1; /* block 0 also writes the token count */
     const int threads = plan_stage_threads(sh.H);
     if (route_warp)
-        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, 0, s, sh, L, base, err_base, rank, a));
+        MM_CUDA_TRY(
+            mm_launch(sm90_stage_kernel<true>, blocks, threads + 32, 0, s, sh, L, base, err_base, rank, a));
     else
-        MM_CUDA_TRY(mm_launch(sm90_stage_kernel<false>, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
+        MM_CUDA_TRY(
+            mm_launch(sm90_stage_kernel<false>, blocks, threads, 0, s, sh, L, base, err_base, rank, a));
     MM_CUDA_TRY(cudaGetLastError());
     return MEGAMOE_OK;
 }

@@ -36,14 +36,16 @@ extern "C" megamoe_status mm_nccl_group_init(megamoe_group *g) {
     ncclResult_t r = ncclCommCount(comm_of(g), &R);
     if (r == ncclSuccess) r = ncclCommUserRank(comm_of(g), &rank);
     if (r != ncclSuccess) return nccl_fail(g, r, "ncclCommCount/ncclCommUserRank");
-    if (R < 1 || R > 72) {
-        mm_set_error(g->error, "the communicator has R=%d ranks; 1..72 are supported", R);
+    if (R < 1 || R > MM_MAX_RANKS) {
+        mm_set_error(g->error, "the communicator has R=%d ranks; 1..%d are supported", R, MM_MAX_RANKS);
         return MEGAMOE_ERR_INVALID_ARGUMENT;
     }
     const ncclTeam_t lsa = ncclTeamLsa(comm_of(g));
     if (lsa.nRanks != R) {
-        mm_set_error(g->error, "only %d of the %d ranks share NVLink with rank %d; ranks on other machines need "
-                     "GIN (docs/MULTINODE.md), not supported yet", lsa.nRanks, R, rank);
+        mm_set_error(g->error,
+                     "only %d of the %d ranks share NVLink with rank %d; ranks on other machines need "
+                     "GIN (docs/MULTINODE.md), not supported yet",
+                     lsa.nRanks, R, rank);
         return MEGAMOE_ERR_UNSUPPORTED;
     }
     megamoe_status st = mm_cuda_group_init(g); /* the device: config.device, sm_90 checked */
@@ -56,7 +58,8 @@ extern "C" megamoe_status mm_nccl_group_init(megamoe_group *g) {
 
 /* table[p] = rank p's buffer as this GPU sees it. */
 __global__ void mm_fill_peer_table(ncclWindow_t window, const int *lsa_rank, int R, uint8_t **table) {
-    for (int p = threadIdx.x; p < R; p += blockDim.x) table[p] = (uint8_t *)ncclGetLsaPointer(window, 0, lsa_rank[p]);
+    for (int p = threadIdx.x; p < R; p += blockDim.x)
+        table[p] = (uint8_t *)ncclGetLsaPointer(window, 0, lsa_rank[p]);
 }
 
 /* The peer table of buffer b: rank p's buffer as this GPU sees it, for every rank p. */
@@ -65,7 +68,8 @@ static megamoe_status fill_peer_table(megamoe_group *g, mm_buffer *b, ncclWindow
     int *lsa_host = (int *)calloc((size_t)R, sizeof(int));
     if (!lsa_host) return MEGAMOE_ERR_OUT_OF_MEMORY;
     const ncclTeam_t world = ncclTeamWorld(comm_of(g));
-    for (int p = 0; p < R; p++) lsa_host[p] = ncclTeamRankToLsa(comm_of(g), world, p);
+    for (int p = 0; p < R; p++)
+        lsa_host[p] = ncclTeamRankToLsa(comm_of(g), world, p);
     int *lsa_dev = NULL;
     auto fill = [&]() -> megamoe_status {
         MM_CUDA_TRY(cudaMalloc((void **)&lsa_dev, sizeof(int) * (size_t)R));
@@ -94,9 +98,8 @@ extern "C" megamoe_status mm_nccl_buffer_alloc(megamoe_group *g, mm_buffer *b) {
     if (st == MEGAMOE_OK && (st = mm_cuda_buffer_init(g, b)) != MEGAMOE_OK)
         mm_set_error(g->error, "%s", mm_cuda_last_message());
     /* Collective: every rank registers its buffer as one symmetric window. */
-    if (st == MEGAMOE_OK &&
-        (r = ncclCommWindowRegister(comm_of(g), b->rank_base[0], (size_t)b->layout.total, &nb->window,
-                                    NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess)
+    if (st == MEGAMOE_OK && (r = ncclCommWindowRegister(comm_of(g), b->rank_base[0], (size_t)b->layout.total,
+                                                        &nb->window, NCCL_WIN_COLL_SYMMETRIC)) != ncclSuccess)
         st = nccl_fail(g, r, "ncclCommWindowRegister");
     if (st == MEGAMOE_OK) st = fill_peer_table(g, b, nb->window);
     if (st != MEGAMOE_OK) mm_nccl_buffer_free(g, b);

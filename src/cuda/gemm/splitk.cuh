@@ -16,8 +16,9 @@
  * of the entry returns false; the last adds all splits into acc in split order (deterministic) and
  * returns true. */
 template <int THREADS>
-__device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP][32], float *ws, int *counters,
-                                                    size_t entry, int splits, int split, int ntiles_n, int tid) {
+__device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP][32], float *ws,
+                                                    int *counters, size_t entry, int splits, int split,
+                                                    int ntiles_n, int tid) {
     __shared__ int is_last;
     constexpr size_t per_split = (size_t)GROUPS_PER_WARP * 32 * THREADS;
     float *mine = ws + (entry * splits + split) * per_split + tid;
@@ -27,7 +28,8 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
         for (int i = 0; i < 8; i++)
             if (i < ntiles_n)
 #pragma unroll
-                for (int j = 0; j < 4; j++) __stcg(mine + (size_t)((q * 8 + i) * 4 + j) * THREADS, acc[q][i * 4 + j]);
+                for (int j = 0; j < 4; j++)
+                    __stcg(mine + (size_t)((q * 8 + i) * 4 + j) * THREADS, acc[q][i * 4 + j]);
     __syncthreads(); /* the block's partial sums before thread 0's release */
     if (tid == 0) {
         mm_fence_acq_rel_gpu(); /* release: the partial sums before the count */
@@ -50,7 +52,8 @@ __device__ __forceinline__ bool splitk_block_reduce(float (&acc)[GROUPS_PER_WARP
                 for (int j = 0; j < 4; j++) {
                     const size_t v = (size_t)((q * 8 + i) * 4 + j) * THREADS;
                     float sum = __ldcg(all + v); /* split 0 first: no 0 + (-0) */
-                    for (int sp = 1; sp < splits; sp++) sum += __ldcg(all + sp * per_split + v);
+                    for (int sp = 1; sp < splits; sp++)
+                        sum += __ldcg(all + sp * per_split + v);
                     acc[q][i * 4 + j] = sum;
                 }
     return true;
