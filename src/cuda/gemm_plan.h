@@ -218,7 +218,7 @@ enum {
     STREAM_WIDE = 4,
     STREAM_VARIANTS = 5
 };
-/* grouped from here: faster from ~4 per expert, slower at ~1 (DECISIONS 89) */
+/* grouped from here: faster from ~4 per expert, slower at ~1 (DECISIONS 35) */
 #define MM_STREAM_GROUPED_MIN_AVG 4
 /* 32-token chunks above: a tile's weights streamed once, not once per 16 tokens */
 #define MM_STREAM_WIDE_ABOVE 8
@@ -239,7 +239,7 @@ MM_PLAN_FN int plan_stream_variant(long slots, int E, int E_loc, int y, int nkc,
 }
 
 /* Which routing builds a forward's tables (dispatch.cu's table; every one writes the same tables
- * from the staged ids: DECISIONS 90). In one process, where the host knows the group's token count:
+ * from the staged ids: DECISIONS 42). In one process, where the host knows the group's token count:
  * one warp of the stage block for a single token of one rank (route_one_warp: K <= 32 lanes, a warp
  * more in the stage block), one kernel up to MM_ROUTE_ONE_KERNEL_SLOTS slots (a shared count per
  * local expert). Else -- and always across GPUs -- count / scan / fill over chunks of slots where a
@@ -247,7 +247,7 @@ MM_PLAN_FN int plan_stream_variant(long slots, int E, int E_loc, int y, int nkc,
  * fill per expert (no bound on E_r). stage_threads: plan_stage_threads. */
 enum { ROUTE_WARP = 0, ROUTE_ONE_KERNEL = 1, ROUTE_CHUNKS = 2, ROUTE_PER_EXPERT = 3 };
 #define MM_ROUTE_WARP_EXPERTS 1024       /* experts per rank route_one_warp walks (32 per lane round) */
-#define MM_ROUTE_ONE_KERNEL_SLOTS 1024   /* over it the chunks are faster (DECISIONS 89) */
+#define MM_ROUTE_ONE_KERNEL_SLOTS 1024   /* over it the chunks are faster (DECISIONS 42) */
 #define MM_ROUTE_ONE_KERNEL_EXPERTS 8192 /* its shared count per expert: 32 KB */
 /* The stage kernel's threads: one per 16-value block of a token (448 for H = 7168), 64 to 1024. */
 MM_PLAN_FN int plan_stage_threads(int H) {
@@ -280,7 +280,7 @@ MM_PLAN_FN int plan_route_orders_tiles(int route, int nvfp4, long slots, int E) 
 #define MM_WGMMA_ROWS 256 /* weight rows per wgmma block */
 /* NVFP4 wgmma blocks per SM (registers capped at 128): ptxas then serializes each warpgroup's wgmma
  * with its next step (C7511), but the other warpgroups fill the tensor cores. */
-#define MM_WGMMA_NVFP4_BLOCKS 2 /* faster than 1 block of 155 registers (DECISIONS 89) */
+#define MM_WGMMA_NVFP4_BLOCKS 2 /* faster than 1 block of 155 registers (DECISIONS 37) */
 #define MM_WGMMA_RESIDENT (MM_WGMMA_NVFP4_BLOCKS * MM_PLAN_SMS) /* NVFP4 wgmma blocks resident */
 MM_PLAN_FN int wgmma_splits_wanted(long slots, int E, int y, int nkc) {
     const long active = slots < E ? slots : E, full = (slots + MM_TILE_TOKENS - 1) / MM_TILE_TOKENS;
@@ -301,7 +301,7 @@ MM_PLAN_FN splitk_plan plan_wgmma_splits(long slots, int E, int y, int nkc) {
  * exact, so y is the same either way): where the plan gathers (gemm_plan.gathered) and the copy holds
  * the rank's slot rows (MM_GATHER_CAP), in one process always, across GPUs from MM_GATHER_MIN_SLOTS
  * slot rows of the rank on (the rank's count, known on the device after routing: rank_gathered). */
-/* below, the gather's copy and launch cost more than remote reads at decode (DECISIONS 89) */
+/* below, the gather's copy and launch cost more than remote reads at decode (DECISIONS 44) */
 #define MM_GATHER_MIN_SLOTS 512
 MM_PLAN_INLINE int plan_rank_gathers(int one_process, int rank_slots) {
     return one_process || rank_slots >= MM_GATHER_MIN_SLOTS;
@@ -621,7 +621,7 @@ MM_PLAN_HOST gemm_plan plan_gemm(const gemm_desc *d) {
     if (p.tiles <= 0) return p;
     /* The gate/up input in slot order: always across GPUs (a remote row then crosses NVLink once, not
      * once per row block), and in one process where the warp-specialized kernels take gate/up (their
-     * token tile is then one TMA box per K step; DECISIONS 89). */
+     * token tile is then one TMA box per K step; DECISIONS 44). */
     p.gathered = d->has_xg && (nccl || gate_up.kernel == GEMM_WS || gate_up.kernel == GEMM_WS64);
     p.act_f16 = d->bf16_act;
     p.act_rows = nccl ? d->max_slots : d->slots;

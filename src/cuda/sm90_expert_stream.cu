@@ -33,7 +33,7 @@
  * such hand-offs as hazards even in a minimal correct kernel (dev/sm90_racecheck_probe.cu: modes 0,
  * 1, 3, 4 reported, 2 and 5 clean); it is clean only when every thread that writes or waits also
  * arrives, which couples the four consumer warps like a block barrier, 10-15% slower at decode
- * (DECISIONS 89). So racecheck runs with this kernel excluded
+ * (DECISIONS 48). So racecheck runs with this kernel excluded
  * (bench/device/check.sh); memcheck covers it.
  * Measured (dev/sm90_stream_probe.cu, H200): bulk copies of 4.6 KB per block step stream at
  * 4.4-4.5 TB/s (the copy engine's 4.28); the decode-GEMM prototype of this design reached 3.2 TB/s.
@@ -74,7 +74,7 @@
  * - grouped (XG true): a slot holds its weights and the column table (8 B per token); the token rows
  *   live in one region, a token's row holding its steps of every slot (slot s at s * steps * 128),
  *   so one bulk copy per token brings ST_XG steps, `group` slots. Faster from ~4 tokens per expert,
- *   slower at ~1 (the layout, not the grouping, costs there): DECISIONS 89. */
+ *   slower at ~1 (the layout, not the grouping, costs there): DECISIONS 35. */
 template <bool XG, int B = ST_BLOCKS_PER_SM, int COLS = ST_COLS> struct st_lay {
     static constexpr bool grouped = XG;
     static constexpr int blocks = B;

@@ -223,7 +223,7 @@ template <int PHASE, bool NVFP4, bool SPLIT, bool LOOP> struct wgmma_tile {
         /* An instruction N of 32 or 16 tokens (accumulators d[0..N/2)) for token tiles of at most N
          * tokens: a tile is 64 tokens in the routing, but at 16-32 tokens per expert most hold 32 or
          * fewer, and an m64n64 wgmma spends the tensor cores' time on empty columns. The B descriptor is
-         * the 64-token tile's: N = 32 reads its first 4 core-matrix groups (the gain: DECISIONS 89).
+         * the 64-token tile's: N = 32 reads its first 4 core-matrix groups (the gain: DECISIONS 37).
          * The tile's token count is the block's, so every warpgroup takes the same instruction N. NVFP4
          * in one process only: the NCCL (LOOP) forms spill with the extra loops, BF16 takes ws64 there. */
         if constexpr (nvfp4 && !LOOP) {
