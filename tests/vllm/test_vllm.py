@@ -182,13 +182,17 @@ def test_bf16_tokens_equal_vllms_own(vllm_python, plugin_site, model_dir, arch, 
     assert sum(conditioned) >= len(PROMPTS) // 2, conditioned  # a check of most sequences, not of a few
     worst, compared, total = assert_same_choices(ours, own, conditioned)
     pairs = list(zip(ours["tokens"], own["tokens"]))
-    for x, y, ok in zip(*zip(*pairs), conditioned):  # free-running greedy tokens, where well conditioned
-        assert not ok or x == y, (x, y)
+    for (x, y), m, ok in zip(pairs, own["margins"], conditioned):
+        # free-running greedy tokens, where well conditioned, up to a step vLLM's own takes by less than
+        # the runs' distance (from there the sequences may continue from different tokens)
+        n = next((i for i, v in enumerate(m) if v < 0.4), len(m))
+        assert not ok or x[:n] == y[:n], (x, y, m)
     steps = sum(len(t) for t in own["tokens"])
     first = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in pairs)
     print(f"{arch} eager={eager} multiprocess={multiprocess}: {sum(conditioned)} of {len(PROMPTS)} sequences well "
           f"conditioned: |log-prob - vLLM's own| max {worst:.4f}, greedy choices equal at all {compared} clear "
-          f"positions of {total}, tokens equal; all sequences: tokens equal for {first} of {steps} steps; start-up "
+          f"positions of {total}, free-running tokens equal up to a near-tie; all sequences: tokens equal for {first} "
+          f"of {steps} steps; start-up "
           f"{own['init_s']:.1f} -> {ours['init_s']:.1f} s, per step {own['step_s'] * 1e3:.0f} -> "
           f"{ours['step_s'] * 1e3:.0f} ms")
 
