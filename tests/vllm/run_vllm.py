@@ -46,7 +46,7 @@ def main():
               max_model_len=256, max_num_batched_tokens=256, max_num_seqs=8, seed=0,
               max_logprobs=vocab or 20)
     init_s = time.perf_counter() - t0
-    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], detokenize=False, logprobs=2)
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], detokenize=False)
     prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, detokenize=False), use_tqdm=False)
 
@@ -65,9 +65,13 @@ def main():
                 calls[key] = calls.get(key, 0) + 1
     steps = max(len(o.outputs[0].token_ids) for o in outs)
 
-    # each step's margin: the chosen token's log-probability less the runner-up's
+    # each step's margin: the chosen token's log-probability less the runner-up's (a generation of its
+    # own: vLLM's log-probabilities slow the timed one)
+    scored = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], detokenize=False,
+                                                  logprobs=2), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in scored] == [list(o.outputs[0].token_ids) for o in outs]
     margins = [[sorted((lp.logprob for lp in step.values()), reverse=True)[:2] for step in o.outputs[0].logprobs]
-               for o in outs]
+               for o in scored]
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs], "init_s": init_s, "generate_s": gen_s,
               "margins": [[m[0] - m[1] for m in seq] for seq in margins],
               "step_s": gen_s / max(steps, 1), "op_calls": calls,
