@@ -40,25 +40,18 @@ PROMPTS = [[int(t) for t in np.random.default_rng(seed).integers(2, models.VOCAB
 MAX_TOKENS = 8
 
 
-def _vllm_python():
+def find_vllm_python():
+    """(vLLM's environment's python, None), or (None, why it is missing)."""
     r = subprocess.run([os.path.join(ROOT, "scripts", "install-vllm.sh"), "--check"], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip("vLLM tests not run: vLLM's CPU build is not installed (" + r.stderr.strip() +
-                    "; scripts/install-deps.sh makes it)")
-    return r.stdout.strip().splitlines()[-1]
+        return None, r.stderr.strip()
+    return r.stdout.strip().splitlines()[-1], None
 
 
-@pytest.fixture(scope="session")
-def vllm_python():
-    return _vllm_python()
-
-
-@pytest.fixture(scope="session")
-def plugin_site(vllm_python, tmp_path_factory):
-    """megamoe installed from this tree by pip into a folder of its own (PYTHONPATH of the vLLM runs)."""
-    site = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
-    r = subprocess.run([vllm_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+def install_megamoe(python, site, build):
+    """megamoe from this tree, installed by pip into the folder `site` (CPU-only build in `build`): the
+    PYTHONPATH of the vLLM runs, where vLLM finds the plugin's entry point."""
+    r = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
                         "--no-build-isolation", "-C", "cmake.define.MEGAMOE_CUDA=OFF", "-C", f"build-dir={build}",
                         "--target", str(site), ROOT], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -66,22 +59,27 @@ def plugin_site(vllm_python, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vllm_python():
+    python, why = find_vllm_python()
+    if python is None:
+        pytest.skip(f"vLLM tests not run: vLLM's CPU build is not installed ({why}; scripts/install-deps.sh makes it)")
+    return python
+
+
+@pytest.fixture(scope="session")
+def plugin_site(vllm_python, tmp_path_factory):
+    return install_megamoe(vllm_python, tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("build"))
+
+
+@pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    made = {}
+    made = models.Models(tmp_path_factory.mktemp("models"))
 
     def get(name):
-        if name not in made:
-            arch, _, tool = name.partition("-")
-            if tool in ("", "h320"):
-                made[name] = models.make_bf16(arch, str(root / name), hidden_size=320 if tool else 256)
-            elif tool.endswith("-up2"):
-                made[name] = models.with_own_up_scales(get(name[:-len("-up2")]), str(root / name))
-            else:
-                tool_module = "modelopt" if tool == "modelopt" else "llmcompressor"
-                pytest.importorskip(tool_module, reason=f"{tool_module} is not installed in the tests' .venv")
-                made[name] = models.make_nvfp4(tool, get(arch), str(root / name))
-        return made[name]
+        try:
+            return made(name)
+        except models.ToolMissing as e:
+            pytest.skip(str(e))
     return get
 
 
@@ -178,6 +176,7 @@ def test_bf16_tokens_equal_vllms_own(vllm_python, plugin_site, model_dir, arch, 
     assert "off (MEGAMOE_VLLM=0): vLLM's own MoE methods run" in own_log
     assert_served(ours, None if multiprocess else forwards_of(ours))
     assert "megamoe: unquantized MoE layers: megamoe (cpu backend)" in log
+    assert "serving vLLM's unquantized, ModelOpt NVFP4, compressed-tensors NVFP4 MoE methods" in log  # register's line
     conditioned = well_conditioned(models.reference_model(model, model), own)
     assert sum(conditioned) >= len(PROMPTS) // 2, conditioned  # a check of most sequences, not of a few
     worst, compared, total = assert_same_choices(ours, own, conditioned)

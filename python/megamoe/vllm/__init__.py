@@ -68,27 +68,24 @@ def announce():
 def register():
     """vLLM's general-plugin hook. Idempotent: the first call in a process installs megamoe's MoE
     methods and logs one line; later calls do nothing. Returns the MoE method kinds served."""
-    global _registered
+    global _registered, _banner
     with _lock:
         if _registered is not None:
             return list(_registered)
         settings = Settings()
         import megamoe
-        if not settings.enabled:
-            _registered = []
-            line = f"megamoe {megamoe.__version__}: off ({_ENV_SWITCH}=0): vLLM's own MoE methods run"
-        else:
-            from . import _methods
-            _registered = _methods.install(settings)
-            line = (f"megamoe {megamoe.__version__}: serving vLLM's {', '.join(_registered)} MoE methods where "
-                    f"megamoe runs on the layer's device (NVFP4 activations {settings.activations}; "
-                    f"{_ENV_SWITCH}=0 turns it off)")
         log = logger()
         if not settings.enabled:
+            _registered = []
             # A warning: it reaches the log even before vLLM configured it (Python's last-resort handler),
             # and no layer of megamoe's will repeat it later.
-            log.warning("%s", line)
+            log.warning("megamoe %s: off (%s=0): vLLM's own MoE methods run", megamoe.__version__, _ENV_SWITCH)
             return []
+        from . import _methods
+        _registered = _methods.install(settings)
+        line = (f"megamoe {megamoe.__version__}: serving vLLM's {', '.join(_registered)} MoE methods where "
+                f"megamoe runs on the layer's device (NVFP4 activations {settings.activations}; "
+                f"{_ENV_SWITCH}=0 turns it off)")
         log.info("%s", line)
         if not log.hasHandlers() or not log.isEnabledFor(logging.INFO):
             _banner = line
