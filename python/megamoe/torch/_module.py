@@ -30,8 +30,9 @@ def _device(device, what="device"):
         raise megamoe.InvalidArgumentError(f"{what}={device!r}: {e}", 1) from None
 
 
-def group_for(device, process_group=None):
-    """The shared megamoe.Group of a torch device (and, for expert parallelism, a process group)."""
+def group_for(device, process_group=None, num_threads=0):
+    """The shared megamoe.Group of a torch device (and, for expert parallelism, a process group).
+    num_threads: the CPU backend's threads (0: one per core); CPU groups of other counts are others."""
     device = _device(device)
     if process_group is not None:
         if device.type != "cuda":
@@ -42,7 +43,7 @@ def group_for(device, process_group=None):
         index = torch.cuda.current_device() if device.index is None else device.index
         key = ("cuda", index, None)
     elif device.type == "cpu":
-        key = ("cpu", 0, None)
+        key = ("cpu", 0, num_threads)
     else:
         raise megamoe.InvalidArgumentError(f"device {device}: megamoe runs on cpu or cuda", 1)
     with _groups_lock:
@@ -52,6 +53,8 @@ def group_for(device, process_group=None):
                 with torch.cuda.device(key[1]):
                     comm = _dist.nccl_comm_from_process_group(process_group)
                 g = megamoe.Group("nccl", num_ranks=1, device=key[1], nccl_comm=comm)
+            elif key[0] == "cpu":
+                g = megamoe.Group("cpu", num_ranks=1, num_threads=num_threads)
             else:
                 g = megamoe.Group(key[0], num_ranks=1, device=key[1])
             _groups[key] = g

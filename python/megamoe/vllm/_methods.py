@@ -103,20 +103,6 @@ def _why_not(moe, fmt, use_a16):
     return None
 
 
-_cpu_groups = {}
-
-
-def _cpu_group():
-    """The CPU group of this process's layers, with as many threads as vLLM gives torch (vLLM's CPU
-    worker binds its threads to cores; a second full set of OpenMP threads would fight them)."""
-    threads = torch.get_num_threads()
-    with _log_lock:
-        g = _cpu_groups.get(threads)
-        if g is None or g.closed:
-            g = _cpu_groups[threads] = megamoe.Group("cpu", num_threads=threads)
-        return g
-
-
 def _max_tokens(moe):
     """Tokens one forward may carry: the scheduler's batch, times the data-parallel ranks whose tokens
     vLLM gathers before the experts."""
@@ -135,7 +121,9 @@ class _Experts:
         if pc.ep_size > 1:
             from vllm.distributed import get_ep_group
             group = get_ep_group().device_group
-        g = _cpu_group() if device.type == "cpu" else _module.group_for(device, group)
+        # On the CPU as many threads as vLLM gives torch: vLLM's CPU worker binds its threads to cores,
+        # and a second full set of OpenMP threads would fight them.
+        g = _module.group_for(device, group, num_threads=torch.get_num_threads() if device.type == "cpu" else 0)
         E, R = moe.num_experts, g.world_size
         if num_local_experts * R != E:
             raise megamoe.InvalidArgumentError(
@@ -161,10 +149,10 @@ class _Experts:
                 self.layer.load_expert_weight(self.start + e, proj, field, t.contiguous())
         self.layer.finalize()
 
-    def forward(self, x, topk_weights, topk_ids):
+    def forward(self, x, w, ids):
+        """y in x's dtype; the op takes the routing in any dtype vLLM's routers give (it converts, ids
+        after their range check)."""
         xb = x if x.dtype is torch.bfloat16 else x.to(torch.bfloat16)
-        w = topk_weights if topk_weights.dtype is torch.float32 else topk_weights.float()
-        ids = topk_ids if topk_ids.dtype is torch.int32 else topk_ids.to(torch.int32)
         pad = None if self.others is None else self.others[:x.shape[0]]
         if self.on_cpu:
             # vLLM's dummy runs route uninitialized rows, whose routing weights may be NaN. megamoe's C API
