@@ -38,26 +38,14 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="engines per case (default 3)")
     ap.add_argument("--json", help="append one record per case to this file")
     args = ap.parse_args()
-    r = subprocess.run([os.path.join(ROOT, "scripts", "install-vllm.sh"), "--check"], capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"vllm_cpu: {r.stderr.strip()}")
-    python = r.stdout.strip().splitlines()[-1]
+    python, why = tv.find_vllm_python()
+    if python is None:
+        sys.exit(f"vllm_cpu: {why}")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
-        site = os.path.join(tmp, "site")
-        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                        "--no-build-isolation", "-C", "cmake.define.MEGAMOE_CUDA=OFF",
-                        "-C", f"build-dir={os.path.join(tmp, 'build')}", "--target", site, ROOT], check=True)
-        made = {}
-
-        def model(name):
-            if name not in made:
-                arch, _, tool = name.partition("-")
-                made[name] = (models.make_bf16(arch, os.path.join(tmp, name)) if not tool else
-                              models.make_nvfp4(tool, model(arch), os.path.join(tmp, name)))
-            return made[name]
-
+        site = tv.install_megamoe(python, os.path.join(tmp, "site"), os.path.join(tmp, "build"))
+        model = models.Models(tmp)
         rows = []
         for case, name, dtype, env in CASES:
             runs = [tv.run(python, site, model(name), dtype=dtype, env=env)[0] for _ in range(args.repeat)]

@@ -14,10 +14,9 @@ the other modules stay bf16, listed as ignored/excluded in the export's config):
 and with_own_up_scales, a copy of an export whose up projections have global scales of their own.
 """
 import copy
-import json
+import importlib.util
 import os
 
-import numpy as np
 import torch
 
 VOCAB = 512
@@ -254,17 +253,31 @@ def reference_logprobs(model, prompts, routes=None, bf16_io=False):
         for layer, (gate, experts) in zip(model.model.layers, saved):
             layer.mlp.gate.forward, layer.mlp.experts.forward = gate, experts
     return out
-def quant_config(path):
-    with open(os.path.join(path, "config.json")) as f:
-        return json.load(f).get("quantization_config")
 
 
-if __name__ == "__main__":
-    # Makes every model under the folder given (for looking at them by hand).
-    import sys
-    root = sys.argv[1]
-    for arch in ARCHS:
-        src = make_bf16(arch, os.path.join(root, arch))
-        for tool in NVFP4_TOOLS:
-            make_nvfp4(tool, src, os.path.join(root, f"{arch}-{tool}"))
-    print(np.__version__)
+class ToolMissing(Exception):
+    """A tool that writes an export is not installed (the reason is the message)."""
+
+
+class Models:
+    """The models of the tests and the benchmark by name, made once each under `root`:
+    "<arch>" bf16, "<arch>-h320" bf16 at H = 320 (a size megamoe refuses), "<arch>-<tool>" an NVFP4
+    export (NVFP4_TOOLS), "<arch>-<tool>-up2" that export through with_own_up_scales."""
+
+    def __init__(self, root):
+        self.root, self.made = str(root), {}
+
+    def __call__(self, name):
+        if name not in self.made:
+            arch, _, tool = name.partition("-")
+            path = os.path.join(self.root, name)
+            if tool in ("", "h320"):
+                self.made[name] = make_bf16(arch, path, hidden_size=320 if tool else 256)
+            elif tool.endswith("-up2"):
+                self.made[name] = with_own_up_scales(self(name[:-len("-up2")]), path)
+            else:
+                module = "modelopt" if tool == "modelopt" else "llmcompressor"
+                if importlib.util.find_spec(module) is None:
+                    raise ToolMissing(f"{module} is not installed in the tests' .venv")
+                self.made[name] = make_nvfp4(tool, self(arch), path)
+        return self.made[name]

@@ -32,7 +32,6 @@ os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
 # apply_model sends a function to vLLM's engine process, which vLLM pickles only when allowed.
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
-import torch  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 # What runs on the model in vLLM's worker (apply_model), importable there by name (PYTHONPATH).

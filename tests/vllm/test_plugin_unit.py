@@ -11,7 +11,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "py"))
 import torchutil  # noqa: E402,F401  (puts the package of this tree on the path, as the torch tests do)
 
-import megamoe  # noqa: E402
 from megamoe.torch import MegaMoEExperts  # noqa: E402
 from megamoe.vllm import Settings, _ep  # noqa: E402
 
