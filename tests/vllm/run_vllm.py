@@ -102,7 +102,10 @@ def main():
                 result["routes"].append([ids for _, ids in sorted(routes)])
         if spec.get("record_routing"):  # the first prompt's MoE inputs and outputs, by layer
             result["layer_io"] = [io for _, io in sorted(llm.apply_model(take_io)[0].items())]
-    print("RESULT " + json.dumps(result))
+    print("RESULT " + json.dumps(result), flush=True)
+    # The engine (and, multi-process, its processes) shut down here, in order, not among the interpreter's
+    # teardown: there vLLM's front end once aborted on a thread still running (std::terminate).
+    llm.llm_engine.engine_core.shutdown()
 
 
 if __name__ == "__main__":
